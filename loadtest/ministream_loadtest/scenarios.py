@@ -1,0 +1,187 @@
+"""Load scenarios: YAML files under loadtest/scenarios/, one workload shape and sweep each.
+
+A scenario file (all keys shown; `description`, `range_ratio`, `temperature` optional):
+
+    name: short-chat
+    description: Short chat turns through /v1/chat/completions.
+    api: chat                 # chat (/v1/chat/completions) or completions (/v1/completions)
+    input_tokens: 64          # prompt length (random token text, the engine's `random` dataset)
+    output_tokens: 64         # generated tokens (ignore_eos, so exactly this many)
+    range_ratio: 0.25         # lengths drawn from [len*(1-r), len*(1+r)]; or {input: r, output: r}
+    requests: 30              # requests per sweep point
+    sweep:
+      mode: rate              # rate: Poisson arrivals at N req/s; concurrency: N in flight
+      values: [0.5, 1, 2]
+    slo:                      # per-request objectives (ms) for goodput; any subset
+      ttft_ms: 1000
+      tpot_ms: 150
+      e2el_ms: 15000
+      attainment: 0.95        # a sweep point passes when this share of sent requests is good
+    temperature: 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .engine import Api, LoadSpec, Slo
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+SweepMode = Literal["rate", "concurrency"]
+_KEYS = {"name", "description", "api", "input_tokens", "output_tokens", "range_ratio",
+         "requests", "sweep", "slo", "temperature"}
+_SLO_KEYS = {"ttft_ms", "tpot_ms", "e2el_ms", "attainment"}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    mode: SweepMode
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    api: Api
+    input_tokens: int
+    output_tokens: int
+    requests: int
+    sweep: Sweep
+    slo: Slo = field(default_factory=Slo)
+    attainment: float = 0.95
+    range_ratio: float | dict[str, float] = 0.0
+    temperature: float | None = 0.0
+    description: str = ""
+    path: str = ""
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """Longest prompt + generation the scenario can draw (must fit --max-model-len)."""
+        ratio_in = ratio_out = self.range_ratio
+        if isinstance(self.range_ratio, dict):
+            ratio_in = self.range_ratio.get("input", 0.0)
+            ratio_out = self.range_ratio.get("output", 0.0)
+        assert isinstance(ratio_in, float) and isinstance(ratio_out, float)
+        return int(self.input_tokens * (1 + ratio_in)) + int(self.output_tokens * (1 + ratio_out))
+
+    def with_overrides(
+        self, *, requests: int | None = None, sweep: Sweep | None = None, slo: Slo | None = None,
+        attainment: float | None = None,
+    ) -> Scenario:
+        return replace(
+            self,
+            requests=requests if requests is not None else self.requests,
+            sweep=sweep if sweep is not None else self.sweep,
+            slo=slo if slo is not None else self.slo,
+            attainment=attainment if attainment is not None else self.attainment,
+        )
+
+    def load_spec(self, value: float, *, base_url: str, model: str, tokenizer: str,
+                  seed: int = 0) -> LoadSpec:
+        """The engine run for one sweep point."""
+        rate = value if self.sweep.mode == "rate" else None
+        concurrency = int(value) if self.sweep.mode == "concurrency" else None
+        return LoadSpec(
+            base_url=base_url, model=model, tokenizer=tokenizer, api=self.api,
+            input_tokens=self.input_tokens, output_tokens=self.output_tokens,
+            range_ratio=self.range_ratio, num_prompts=self.requests, request_rate=rate,
+            max_concurrency=concurrency, seed=seed, temperature=self.temperature,
+            slo=self.slo, request_id_prefix=f"{self.name}-{self.sweep.mode}{value:g}-",
+            label=self.name,
+        )
+
+
+def _require(cond: bool, path: Path, message: str) -> None:
+    if not cond:
+        raise ValueError(f"scenario {path}: {message}")
+
+
+def _positive_int(data: dict[str, Any], key: str, path: Path) -> int:
+    value = data.get(key)
+    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, path,
+             f"{key} must be a positive integer, got {value!r}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def _ratio(value: Any, path: Path) -> float | dict[str, float]:
+    def ok(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
+
+    if isinstance(value, dict):
+        _require(set(value) <= {"input", "output"} and all(ok(v) for v in value.values()),
+                 path, "range_ratio must map input/output to numbers in [0, 1)")
+        return {k: float(v) for k, v in value.items()}
+    _require(ok(value), path, f"range_ratio must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def load_scenario(path: Path) -> Scenario:
+    data = yaml.safe_load(path.read_text())
+    _require(isinstance(data, dict), path, "must be a YAML mapping")
+    unknown = set(data) - _KEYS
+    _require(not unknown, path, f"unknown keys {sorted(unknown)}")
+    name = data.get("name")
+    _require(isinstance(name, str) and name.replace("-", "").isalnum(), path,
+             f"name must be letters, digits and dashes, got {name!r}")
+    api = data.get("api", "completions")
+    _require(api in ("completions", "chat"), path, f"api must be chat or completions, not {api!r}")
+    sweep = data.get("sweep")
+    _require(isinstance(sweep, dict) and set(sweep) == {"mode", "values"}, path,
+             "sweep must have exactly `mode` and `values`")
+    mode = sweep["mode"]
+    _require(mode in ("rate", "concurrency"), path, f"sweep.mode must be rate or concurrency, "
+             f"not {mode!r}")
+    values = sweep["values"]
+    _require(isinstance(values, list) and bool(values) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values),
+        path, "sweep.values must be a non-empty list of positive numbers")
+    if mode == "concurrency":
+        _require(all(float(v).is_integer() for v in values), path,
+                 "concurrency sweep values must be whole numbers")
+    slo = data.get("slo") or {}
+    _require(isinstance(slo, dict) and set(slo) <= _SLO_KEYS, path,
+             f"slo keys must be among {sorted(_SLO_KEYS)}")
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        _require(slo.get(key) is None or (isinstance(slo[key], (int, float)) and slo[key] > 0),
+                 path, f"slo.{key} must be a positive number")
+    attainment = slo.get("attainment", 0.95)
+    _require(isinstance(attainment, (int, float)) and 0 < attainment <= 1, path,
+             "slo.attainment must be in (0, 1]")
+    temperature = data.get("temperature", 0.0)
+    _require(temperature is None or isinstance(temperature, (int, float)), path,
+             "temperature must be a number")
+    return Scenario(
+        name=name,
+        api=api,
+        input_tokens=_positive_int(data, "input_tokens", path),
+        output_tokens=_positive_int(data, "output_tokens", path),
+        requests=_positive_int(data, "requests", path),
+        sweep=Sweep(mode=mode, values=tuple(float(v) for v in values)),
+        slo=Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"),
+                e2el_ms=slo.get("e2el_ms")),
+        attainment=float(attainment),
+        range_ratio=_ratio(data.get("range_ratio", 0.0), path),
+        temperature=None if temperature is None else float(temperature),
+        description=str(data.get("description", "")),
+        path=str(path),
+    )
+
+
+def resolve_scenario(ref: str) -> Path:
+    """A scenario file path, or the name of one shipped in loadtest/scenarios/."""
+    path = Path(ref)
+    if path.is_file():
+        return path
+    shipped = SCENARIO_DIR / f"{ref}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))) or "none"
+    raise ValueError(f"no scenario file {ref!r} (shipped scenarios: {names})")
+
+
+def shipped_scenarios() -> list[Path]:
+    return sorted(SCENARIO_DIR.glob("*.yaml"))

@@ -1,0 +1,230 @@
+"""`ministream convert`: raw MiniStream checkpoint → HF-style directory vLLM can serve.
+
+Streaming: the raw checkpoint is memory-mapped and converted one tensor at a time; at most
+one output shard (`--max-shard-size`) is held in memory before it is written.
+Accounting: every raw tensor is consumed exactly once, every target tensor produced once,
+every shape checked against the config; a gap is an error that names the keys.
+Atomic: everything is written into a temp directory beside the output and renamed into
+place only when complete, so an interrupted run leaves no half-written model behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from ministream.checkpoint import load_raw_state_dict, sha256_file
+from ministream.errors import CheckpointError
+from ministream.manifest import MANIFEST_NAME, Manifest
+from ministream.names import Slice, conversion_plan
+from ministream.train_config import TrainConfig
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+INDEX_NAME = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
+                   "chat_template.jinja")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MiB', '1024' → bytes (decimal units for *B, binary for *iB)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot parse size {text!r}; use e.g. 2GB, 500MiB or 1048576")
+    number, prefix, unit = match.groups()
+    base = 1024 if (unit or "").lower() == "ib" else 1000
+    return int(float(number) * base ** " KMGT".index(prefix.upper() or " "))
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    output: Path
+    manifest: Manifest
+    num_tensors: int
+    num_shards: int
+
+
+def check_raw_tensors(raw: dict[str, torch.Tensor], cfg: TrainConfig) -> None:
+    """Compare the raw state dict with what `cfg` implies; name every gap in one error."""
+    expected = {name: shape for name, shape, _ in conversion_plan(cfg)}
+    missing = sorted(expected.keys() - raw.keys())
+    unexpected = sorted(raw.keys() - expected.keys())
+    wrong = sorted(f"{name} has shape {tuple(raw[name].shape)}, config implies {shape}"
+                   for name, shape in expected.items()
+                   if name in raw and tuple(raw[name].shape) != shape)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        hint = (" (lm_head.weight with tie_embeddings=true: the config contradicts the "
+                "checkpoint)" if "lm_head.weight" in unexpected else "")
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}{hint}")
+    if wrong:
+        problems.append("shape mismatches: " + "; ".join(wrong))
+    if problems:
+        raise CheckpointError(
+            "checkpoint does not match train_config.json: " + " | ".join(problems))
+
+
+def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
+    if src.is_file():
+        files = [src]
+    elif src.is_dir():
+        files = [src / name for name in TOKENIZER_FILES if (src / name).is_file()]
+    else:
+        raise CheckpointError(f"tokenizer not found: {src}")
+    if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in files):
+        raise CheckpointError(
+            f"{src}: no tokenizer.json or tokenizer.model found (give a tokenizer.json file "
+            "or a directory of Hugging Face tokenizer files)")
+    for f in files:
+        shutil.copy2(f, dst / f.name)
+    if (dst / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        size = Tokenizer.from_file(str(dst / "tokenizer.json")).get_vocab_size()
+        if size > vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {size} tokens but the model's vocab_size is {vocab_size}: "
+                "token ids past the embedding would crash serving; pass the training tokenizer")
+
+
+class _ShardWriter:
+    """Accumulates tensors and writes a safetensors file whenever the limit is reached."""
+
+    def __init__(self, out: Path, max_bytes: int) -> None:
+        self.out, self.max_bytes = out, max_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.files: list[tuple[str, list[str]]] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self.flush()
+        self.pending[name] = tensor
+        self.pending_bytes += size
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        tmp_name = f"shard-{len(self.files):05d}.part"
+        save_file(self.pending, str(self.out / tmp_name), metadata={"format": "pt"})
+        self.files.append((tmp_name, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> dict[str, str]:
+        """Name the shards model-0000i-of-0000N.safetensors; return the weight map."""
+        self.flush()
+        weight_map: dict[str, str] = {}
+        total = len(self.files)
+        for i, (tmp_name, names) in enumerate(self.files, start=1):
+            final = f"model-{i:05d}-of-{total:05d}.safetensors"
+            os.replace(self.out / tmp_name, self.out / final)
+            weight_map.update(dict.fromkeys(names, final))
+        return weight_map
+
+
+def convert(
+    checkpoint: str | Path,
+    train_config: str | Path,
+    tokenizer: str | Path,
+    output: str | Path,
+    dtype: str = "bfloat16",
+    max_shard_size: str | int = "2GB",
+    force: bool = False,
+    progress: bool = True,
+    on_tensor: Callable[[Slice], None] | None = None,
+) -> ConvertResult:
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    max_bytes = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
+    if max_bytes <= 0:
+        raise ValueError("--max-shard-size must be positive")
+    output = Path(output)
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} already exists; pass --force to replace it")
+
+    cfg = TrainConfig.load(train_config)
+    raw = load_raw_state_dict(checkpoint)
+    check_raw_tensors(raw, cfg)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        plan = list(conversion_plan(cfg))
+        writer = _ShardWriter(tmp, max_bytes)
+        consumed: set[str] = set()
+        produced: set[str] = set()
+        total_bytes = sum(raw[name].numel() for name, _, _ in plan) * DTYPES[dtype].itemsize
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="convert",
+                  disable=not progress) as bar:
+            for raw_name, _, slices in plan:
+                assert raw_name not in consumed, raw_name
+                consumed.add(raw_name)
+                source = raw.pop(raw_name)  # drop our reference: the mapping can be released
+                for s in slices:
+                    tensor = source[s.start:s.stop].to(DTYPES[dtype]).contiguous()
+                    assert tuple(tensor.shape) == s.shape and s.hf not in produced, s
+                    writer.add(s.hf, tensor)
+                    produced.add(s.hf)
+                    if on_tensor is not None:
+                        on_tensor(s)
+                    bar.update(tensor.numel() * tensor.element_size())
+                del source
+        assert not raw, f"raw tensors left unconverted: {sorted(raw)}"
+        weight_map = writer.finish()
+        expected = {s.hf for _, _, slices in plan for s in slices}
+        assert produced == expected == weight_map.keys(), expected ^ produced
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({
+            "metadata": {"total_size": total_bytes},
+            "weight_map": dict(sorted(weight_map.items())),
+        }, indent=2) + "\n")
+        hf_config = cfg.to_hf(torch_dtype=dtype).to_dict()
+        hf_config["torch_dtype"] = dtype  # DESIGN §4 names it; transformers 5 reads "dtype"
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps({
+            "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id,
+        }, indent=2) + "\n")
+        _copy_tokenizer(Path(tokenizer), tmp, cfg.vocab_size)
+        manifest = Manifest.build(tmp, dtype=dtype, source={
+            "checkpoint": Path(checkpoint).name,
+            "checkpoint_sha256": sha256_file(checkpoint),
+            "train_config_sha256": sha256_file(train_config),
+        })
+        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+        make_world_readable(tmp)
+        _replace_dir(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConvertResult(output, manifest, len(produced), len(writer.files))
+
+
+def make_world_readable(root: Path) -> None:
+    """mkdtemp makes 0700 dirs (and safetensors 0600 files); serving runs as another user."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move `new` to `target`; an existing target is swapped out, then removed."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

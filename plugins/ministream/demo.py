@@ -1,0 +1,127 @@
+"""Deterministic demo checkpoints in MiniStream's raw training format.
+
+`write_demo_checkpoint(preset, out_dir)` writes `model.pt` (a training-style dict with the
+state dict under "model"), `train_config.json` and a `tokenizer/` directory holding a
+byte-level BPE tokenizer trained here with the `tokenizers` library on a synthetic corpus.
+Same preset and seed, same bytes (for one torch version).
+
+Weights are random but scaled so that logits are well separated (greedy decoding is then a
+stable test signal in bfloat16 too): linear layers ~ N(0, 1/fan_in), embeddings with RMS
+3/sqrt(d_model), norm weights around 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ministream.convert import make_world_readable
+from ministream.names import raw_shapes
+from ministream.presets import PRESETS
+from ministream.train_config import TrainConfig
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+def random_state_dict(cfg: TrainConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, shape in raw_shapes(cfg).items():
+        if len(shape) == 1:  # RMSNorm weights
+            tensor = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif name in ("embedding.weight", "lm_head.weight"):
+            tensor = torch.randn(shape, generator=gen) * (3.0 / cfg.d_model**0.5)
+        else:
+            tensor = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+        state[name] = tensor
+    return state
+
+
+def _corpus(seed: int, n_words: int) -> Iterator[str]:
+    """Synthetic text: common English words and pronounceable pseudo-words."""
+    rng = random.Random(seed)
+    common = (
+        "the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on",
+        "are", "as", "with", "his", "they", "at", "be", "this", "have", "from", "or", "one",
+        "had", "by", "word", "but", "not", "what", "all", "were", "we", "when", "your", "can",
+        "said", "there", "use", "an", "each", "which", "she", "do", "how", "their", "if", "will",
+        "up", "other", "about", "out", "many", "then", "them", "these", "so", "some", "her",
+        "would", "make", "like", "him", "into", "time", "has", "look", "two", "more", "write",
+        "go", "see", "number", "no", "way", "could", "people", "my", "than", "first", "water",
+        "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get",
+        "come", "made", "may", "part", "model", "stream", "token", "serve", "request", "latency",
+        "cluster", "tensor", "parallel", "weight", "shard", "warmup", "ready", "drain",
+    )
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "ch", "sh", "ing"]
+    for _ in range(n_words // 12):
+        words = []
+        for _ in range(12):
+            if rng.random() < 0.6:
+                words.append(rng.choice(common))
+            else:
+                words.append("".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))))
+        yield " ".join(words).capitalize() + rng.choice([".", ".", "?", "!", ","])
+
+
+def train_tokenizer(vocab_size: int, out_dir: Path, seed: int = 0) -> None:
+    """Train a byte-level BPE of exactly `vocab_size` tokens and save HF tokenizer files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(seed, n_words=min(60 * vocab_size, 400_000)), trainer)
+    # A small corpus may learn fewer merges than the model's vocabulary; fill the rest with
+    # reserved tokens so that every id the model can emit decodes.
+    missing = vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": False, "model_max_length": 1_000_000,
+        "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n")
+
+
+def write_demo_checkpoint(preset: str, out_dir: str | Path, seed: int = 0,
+                          config: TrainConfig | None = None) -> Path:
+    """Write `model.pt`, `train_config.json`, `tokenizer/` under `out_dir` (atomically)."""
+    if config is None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        config = PRESETS[preset]
+    out = Path(out_dir)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; remove it or choose another --output")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        torch.save({"model": random_state_dict(config, seed), "step": 0,
+                    "optimizer": {"lr": 0.0}}, tmp / "model.pt")
+        (tmp / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        train_tokenizer(config.vocab_size, tmp / "tokenizer", seed)
+        make_world_readable(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,248 @@
+"""Checks that run in every vLLM worker when MiniStream is built, before any weight is read.
+
+vLLM 0.32 itself does not notice that a `sharded_state` set was made for another
+tensor-parallel size (TP=2 shards at TP=1 only warn, then serve garbage), that the files
+come from another model, that an object vanished from the middle of an uploaded model, or
+that stray `*.safetensors` sit under a prefix (the Run:ai streamer loads every one of
+them). `MiniStreamForCausalLM.__init__` calls `check_before_load`, which looks only at file
+listings, small JSON files and safetensors headers, so a bad location fails within
+seconds, with a message that says what to run, and serves nothing.
+
+- sharded formats (`sharded_state`, `runai_streamer_sharded`): `ministream_shards.json`
+  must exist and match the engine's TP/PP sizes; the shard files must be exactly the listed
+  ones; this rank's file headers must carry the same model hash; `config.json` must be the
+  one the shards were made from.
+- whole-model formats (`auto`, `safetensors`, `runai_streamer`): when the location has a
+  `ministream_manifest.json` (always on S3: `ministream upload` writes it last, so its
+  absence means an unfinished upload), the `*.safetensors` present must be exactly those
+  it lists, at the listed sizes.
+- `MINISTREAM_MODEL_HASH` (optional; the Helm chart sets it from `model.hash`): the model hash (or a
+  prefix of at least 12 hex digits) the deployment expects; a model or shard set made from
+  any other model is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ministream.errors import CheckpointError, ShardError, StorageError
+from ministream.manifest import MANIFEST_NAME, Manifest
+from ministream.shardset import (
+    HEADER_MODEL_HASH,
+    HEADER_RANK,
+    HEADER_TP_SIZE,
+    SHARDED_FORMATS,
+    SHARDS_META_NAME,
+    ShardSetInfo,
+    header_length,
+    parse_safetensors_header,
+    read_local_header,
+    reshard_command,
+)
+
+WHOLE_MODEL_FORMATS = ("auto", "safetensors", "runai_streamer")
+PIN_ENV = "MINISTREAM_MODEL_HASH"
+
+
+def pinned_hash() -> str | None:
+    pinned = os.environ.get(PIN_ENV, "").strip().lower()
+    if pinned and len(pinned) < 12:
+        raise CheckpointError(f"{PIN_ENV}={pinned!r} is too short: give at least 12 hex digits "
+                              "of the model hash (`ministream verify DIR` prints it)")
+    return pinned or None
+
+
+def _check_pin(model_hash: str, what: str) -> None:
+    pinned = pinned_hash()
+    if pinned is not None and not model_hash.startswith(pinned):
+        raise ShardError(
+            f"{what} was made from model {model_hash[:16]}, but this deployment expects model "
+            f"{pinned[:16]} ({PIN_ENV}). Point it at that model's files, or update {PIN_ENV}.")
+
+
+class Location:
+    """A local directory or an S3 prefix, seen through the few reads the guard needs."""
+
+    def __init__(self, where: str) -> None:
+        from ministream.s3 import is_s3
+
+        self.where = where.rstrip("/")
+        self.is_s3 = is_s3(where)
+        self._client: Any = None
+        if self.is_s3:
+            from ministream.s3 import make_client, parse_url
+
+            self.url = parse_url(where)
+            self._client = make_client(4)
+        elif not Path(where).is_dir():
+            raise CheckpointError(f"{where} is not a directory")
+
+    def sizes(self) -> dict[str, int]:
+        """Top-level files and their sizes (vLLM's loaders do not recurse either)."""
+        if self.is_s3:
+            from ministream.s3 import list_objects
+
+            return {name: obj.size for name, obj in list_objects(self._client, self.url).items()
+                    if "/" not in name}
+        return {p.name: p.stat().st_size for p in Path(self.where).iterdir() if p.is_file()}
+
+    def read_text(self, name: str) -> str | None:
+        if self.is_s3:
+            from ministream.s3 import read_text
+
+            return read_text(self._client, self.url, name)
+        path = Path(self.where) / name
+        return path.read_text() if path.is_file() else None
+
+    def header(self, name: str) -> dict[str, Any]:
+        if not self.is_s3:
+            return read_local_header(Path(self.where) / name)
+        from ministream.s3 import read_bytes
+
+        origin = f"{self.where}/{name}"
+        first8 = read_bytes(self._client, self.url, name, "bytes=0-7") or b""
+        if len(first8) < 8:
+            raise ShardError(f"{origin}: too short to be a safetensors file")
+        rest = read_bytes(self._client, self.url, name,
+                          f"bytes=8-{7 + header_length(first8)}") or b""
+        return parse_safetensors_header(first8 + rest, origin)
+
+
+def check_before_load(vllm_config: Any) -> None:
+    """Entry point, called from `MiniStreamForCausalLM.__init__` in each worker."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    load_format = str(getattr(vllm_config.load_config.load_format, "value",
+                              vllm_config.load_config.load_format))
+    model_config = vllm_config.model_config
+    weights = model_config.model_weights or model_config.model
+    parallel = vllm_config.parallel_config
+    if load_format in SHARDED_FORMATS:
+        check_shard_set(weights, Path(model_config.model), parallel.tensor_parallel_size,
+                        parallel.pipeline_parallel_size, get_tensor_model_parallel_rank(),
+                        str(model_config.dtype).removeprefix("torch."))
+    elif load_format in WHOLE_MODEL_FORMATS:
+        check_model_files(weights, load_format)
+
+
+def check_shard_set(weights: str, config_dir: Path, tp: int, pp: int, rank: int,
+                    dtype: str | None = None) -> None:
+    loc = Location(weights)
+    text = loc.read_text(SHARDS_META_NAME)
+    if text is None:
+        raise ShardError(
+            f"{weights} has no {SHARDS_META_NAME}, so it is not a shard set made by "
+            "`ministream shard` (or its upload did not finish) and its tensor-parallel size "
+            f"cannot be checked. Make one: `{reshard_command('MODEL', tp, weights)}`")
+    info = ShardSetInfo.parse(text, f"{weights}/{SHARDS_META_NAME}")
+    if info.tensor_parallel_size != tp:
+        raise ShardError(
+            f"shard set {weights} was made for tensor-parallel size "
+            f"{info.tensor_parallel_size}, but vLLM is starting with tensor-parallel size "
+            f"{tp}. Serve it with --tensor-parallel-size {info.tensor_parallel_size}, or "
+            f"re-shard for {tp}: `{reshard_command(info.source, tp)}`")
+    if pp != info.pipeline_parallel_size:
+        raise ShardError(
+            f"shard set {weights} was made for pipeline-parallel size "
+            f"{info.pipeline_parallel_size}, but vLLM is starting with {pp}")
+    if dtype is not None and dtype != info.dtype:
+        # ShardedStateLoader would cast with a warning: numerics nobody tested.
+        raise ShardError(
+            f"shard set {weights} holds {info.dtype} tensors, but vLLM is starting with "
+            f"--dtype {dtype}. Serve it with --dtype {info.dtype}, or re-shard: "
+            f"`{reshard_command(info.source, tp)} --dtype {dtype}`")
+    sizes = loc.sizes()
+    missing = sorted(set(info.files) - set(sizes))
+    stray = sorted(n for n in sizes if n.endswith(".safetensors") and n not in info.files)
+    wrong = sorted(n for n, meta in info.files.items()
+                   if n in sizes and sizes[n] != meta["size"])
+    if missing or stray or wrong:
+        raise ShardError(
+            f"shard set {weights} does not match its {SHARDS_META_NAME}: "
+            + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                        + [f"not part of it: {', '.join(stray)}"] * bool(stray)
+                        + [f"wrong size: {', '.join(wrong)}"] * bool(wrong))
+            + f". Re-create it: `{reshard_command(info.source, tp, weights)}`")
+    _check_same_model(info, weights, config_dir)
+    _check_pin(info.source_model_hash, f"shard set {weights}")
+    # Own files only: a rank never opens another rank's shard (the tests watch for it).
+    for name in info.files_for_rank(rank):
+        meta = loc.header(name).get("__metadata__") or {}
+        made_for = (meta.get(HEADER_MODEL_HASH), meta.get(HEADER_TP_SIZE), meta.get(HEADER_RANK))
+        if made_for != (info.source_model_hash, str(tp), str(rank)):
+            raise ShardError(
+                f"{weights}/{name} was made from another model or shard set (model "
+                f"{str(made_for[0])[:16]}, tensor-parallel size {made_for[1]}, rank "
+                f"{made_for[2]}) than this shard set (model {info.source_model_hash[:16]}, "
+                f"tensor-parallel size {tp}, rank {rank}). Re-create it: "
+                f"`{reshard_command(info.source, tp, weights)}`")
+
+
+def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> None:
+    """The config vLLM builds the model from must be the one the shards were made from."""
+    manifest_path = config_dir / MANIFEST_NAME
+    if manifest_path.is_file() and not (config_dir / SHARDS_META_NAME).is_file():
+        # --model is a converted directory, --model-weights the shard set.
+        served = Manifest.load(config_dir).model_hash
+        if served != info.source_model_hash:
+            raise ShardError(
+                f"shard set {weights} was made from model {info.source_model_hash[:16]}, "
+                f"but vLLM is serving the config of model {served[:16]} ({config_dir}). "
+                "Re-shard that model: "
+                f"`{reshard_command(str(config_dir), info.tensor_parallel_size)}`")
+    config = config_dir / "config.json"
+    if config.is_file():
+        digest = hashlib.sha256(config.read_bytes()).hexdigest()
+        if digest != info.config_sha256:
+            raise ShardError(
+                f"{config} is not the config.json shard set {weights} was made from "
+                f"(model {info.source_model_hash[:16]}): the shards belong to another model. "
+                f"Re-shard: `{reshard_command(info.source, info.tensor_parallel_size)}`")
+
+
+def check_model_files(weights: str, load_format: str) -> None:
+    loc = Location(weights)
+    text = loc.read_text(MANIFEST_NAME)
+    if text is None:
+        if loc.is_s3:
+            raise StorageError(
+                f"{weights} has no {MANIFEST_NAME}: the upload did not finish (`ministream "
+                f"upload` writes it last) or this is not a MiniStream model. Re-run "
+                f"`ministream upload MODEL_DIR {weights}`.")
+        if pinned_hash() is not None:
+            raise CheckpointError(f"{weights} has no {MANIFEST_NAME}, so its model hash cannot "
+                                  f"be checked against {PIN_ENV}")
+        return  # a hand-made directory: vLLM's loader and load_weights' coverage check apply
+    sizes = loc.sizes()
+    if SHARDS_META_NAME in sizes:
+        info = ShardSetInfo.parse(loc.read_text(SHARDS_META_NAME) or "", weights)
+        sharded = "runai_streamer_sharded" if load_format == "runai_streamer" else \
+            "sharded_state"
+        raise ShardError(
+            f"{weights} is a shard set (tensor-parallel size {info.tensor_parallel_size}); "
+            f"serve it with --load-format {sharded} --tensor-parallel-size "
+            f"{info.tensor_parallel_size}")
+    manifest = Manifest.parse(text, f"{weights}/{MANIFEST_NAME}")
+    _check_pin(manifest.model_hash, f"model {weights}")
+    listed = {n: m["size"] for n, m in manifest.files.items()
+              if n.endswith(".safetensors") and "/" not in n}
+    missing = sorted(set(listed) - set(sizes))
+    stray = sorted(n for n in sizes if n.endswith(".safetensors") and n not in listed)
+    wrong = sorted(n for n in listed if n in sizes and sizes[n] != listed[n])
+    if missing or wrong:
+        error = StorageError if loc.is_s3 else CheckpointError
+        raise error(
+            f"{weights} is incomplete: "
+            + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                        + [f"size differs from the manifest: {', '.join(wrong)}"] * bool(wrong))
+            + f" (listed in its {MANIFEST_NAME}). Re-upload or re-convert it"
+            + (f": `ministream upload MODEL_DIR {weights}`" if loc.is_s3 else "."))
+    if stray:
+        raise CheckpointError(
+            f"{weights} has weights files its {MANIFEST_NAME} does not list: "
+            f"{', '.join(stray)}. vLLM would load them too (runai_streamer reads every "
+            "*.safetensors under a prefix); remove them"
+            + (" or re-upload with `ministream upload --delete-stray`." if loc.is_s3 else "."))

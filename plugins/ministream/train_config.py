@@ -1,0 +1,112 @@
+"""`train_config.json`: the training framework's own description of a MiniStream model.
+
+Read exactly as the framework writes it (DESIGN §3) and validated; `to_hf()` gives the
+Hugging Face config of the converted directory. No heavy imports: the CLI builds its
+parser from this module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ministream.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ministream.config import MiniStreamConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`train_config.json` of the training framework (its own field names)."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    max_seq_len: int
+    norm_eps: float
+    rope_theta: float
+    tie_embeddings: bool
+    bos_id: int
+    eos_id: int
+    rope_scaling: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+                     "vocab_size", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if not problems and self.n_heads % self.n_kv_heads:
+            problems.append(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if not self.norm_eps > 0:
+            problems.append(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        if not self.rope_theta > 0:
+            problems.append(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value < int(self.vocab_size):
+                problems.append(f"{name} must be a token id in [0, vocab_size), got {value!r}")
+        if problems:
+            raise CheckpointError("invalid train_config.json: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.name != "rope_scaling"}
+        missing = sorted(required - raw.keys())
+        unknown = sorted(raw.keys() - known)
+        if missing:
+            raise CheckpointError(f"train_config.json is missing fields: {', '.join(missing)}")
+        if unknown:
+            raise CheckpointError(
+                f"train_config.json has unknown fields: {', '.join(unknown)} "
+                f"(expected only: {', '.join(sorted(known))})")
+        return cls(**raw)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"train config not found: {path}") from None
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"train config {path} is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"train config {path} must hold a JSON object")
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if out["rope_scaling"] is None:
+            del out["rope_scaling"]
+        return out
+
+    def to_hf(self, torch_dtype: str = "bfloat16") -> MiniStreamConfig:
+        from ministream.config import MiniStreamConfig
+
+        return MiniStreamConfig(
+            hidden_size=self.d_model,
+            num_hidden_layers=self.n_layers,
+            num_attention_heads=self.n_heads,
+            num_key_value_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.d_ff,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_seq_len,
+            rms_norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+            tie_word_embeddings=self.tie_embeddings,
+            bos_token_id=self.bos_id,
+            eos_token_id=self.eos_id,
+            torch_dtype=torch_dtype,
+        )

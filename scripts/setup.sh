@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create or update the project's environment at .venv (idempotent).
+#   scripts/setup.sh serve   # the engine (vLLM CPU build), S3 streaming, the sidecar
+#   scripts/setup.sh test    # the above plus the test tools, helm/kubectl, Prometheus, HAProxy
+# Re-installs only when pyproject.toml or this script changed since the last run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${1:-serve}
+case "$target" in
+  serve) extras="cpu,s3,sidecar" ;;
+  test) extras="cpu,s3,sidecar,test" ;;
+  *) echo "usage: scripts/setup.sh serve|test" >&2; exit 2 ;;
+esac
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$python" -m venv .venv
+fi
+stamp=.venv/.ministream-$target.stamp
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "==> installing ministream-serving[$extras] into .venv (first run: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  # The registry's torchvision/torchaudio/torchcodec are built for CUDA torch and break
+  # `import transformers` beside the CPU torch (DESIGN §8); vLLM's CPU build needs none.
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > "$stamp"
+fi
+
+if [ "$target" = test ]; then
+  for tool in scripts/install_tools.sh scripts/install_prometheus.sh scripts/install_haproxy.sh; do
+    if [ -f "$tool" ]; then bash "$tool"; fi
+  done
+fi

@@ -1,0 +1,266 @@
+"""Alert rules, as a plain Prometheus rule file (the chart's PrometheusRule embeds it).
+
+Every selector carries `namespace=~".*"` (ALL_NAMESPACES): it matches every series, so the
+file works as it is for users who load it into Prometheus directly; the chart's PrometheusRule
+replaces that exact matcher with its own release's namespace and pods.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from . import catalog as m
+from .promql import agg, increase, quantile, rate, rate_ratio, sel
+
+ALL_NAMESPACES = 'namespace=~".*"'
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+@dataclass(frozen=True)
+class AlertParams:
+    """The knobs of the alerts (`python -m ministream_observability --help` sets each one).
+
+    Defaults fit a GPU fleet serving interactive traffic; see docs/observability.md.
+    """
+
+    # p95 time to first token above which MiniStreamTTFTAboveSLO fires (seconds).
+    ttft_p95_slo_seconds: float = 2.0
+    # How long the p95 must stay above the SLO.
+    ttft_for: str = "10m"
+    # Longest time from sidecar start to vLLM /health OK (weights loaded, engine up). Keep it
+    # at least the chart's startupProbe budget (probes.startup: baseSeconds + size x per-GiB).
+    loading_budget: str = "15m"
+    # How long a pod that was ready once may stay unready (not draining) before alerting.
+    not_ready_for: str = "5m"
+    # Window in which one failed warmup run (all attempts used up) fires MiniStreamWarmupFailing.
+    warmup_window: str = "15m"
+    # KV-cache usage (0-1) above which MiniStreamKVCacheNearlyFull fires, and for how long.
+    kv_cache_usage_threshold: float = 0.9
+    kv_cache_for: str = "5m"
+    # Window of the waiting-queue trend, and how long it must keep growing.
+    queue_trend_window: str = "10m"
+    queue_for: str = "5m"
+    # How long preemptions must go on before MiniStreamPreempting fires.
+    preemption_for: str = "10m"
+    # Share of failed requests (HTTP 5xx or engine errors) that fires MiniStreamRequestErrors.
+    error_ratio_threshold: float = 0.05
+    errors_for: str = "5m"
+    # A drain still going after this long fires MiniStreamDrainTimingOut while the pod is still
+    # there to be scraped (the timeout counter moves only at the drain's end). Set it to the
+    # sidecar's drain timeout (chart: sidecar.drainTimeoutSeconds, default 60 s).
+    drain_budget: str = "1m"
+    # Where the runbooks live; each alert links to <base>#<alert name in lower case>.
+    runbook_base_url: str = "docs/observability.md"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and f.name != "runbook_base_url" and not _DURATION.match(value):
+                raise ValueError(f"{f.name} must be a Prometheus duration like 5m, got {value!r}")
+        if not 0 < self.kv_cache_usage_threshold <= 1:
+            raise ValueError("kv_cache_usage_threshold must be in (0, 1]")
+        if not 0 < self.error_ratio_threshold < 1:
+            raise ValueError("error_ratio_threshold must be in (0, 1)")
+        if self.ttft_p95_slo_seconds <= 0:
+            raise ValueError("ttft_p95_slo_seconds must be > 0")
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    group: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str  # the first thing to do; the docs section holds the whole runbook
+    # Extra labels; two rules of one alert need them, or their ALERTS series would collide.
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def to_rule(self, params: AlertParams) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity, **dict(self.labels)},
+            "annotations": {
+                "summary": self.summary,
+                "description": self.description,
+                "runbook": self.runbook,
+                "runbook_url": f"{params.runbook_base_url}#{self.name.lower()}",
+            },
+        }
+
+
+def eq(label: str, value: str) -> str:
+    return f'{label}="{value}"'
+
+
+def api_error_ratio(selector: str, window: str, vllm_selector: str | None = None) -> str:
+    """5xx share of OpenAI API responses, counted only on pods that run vLLM (other apps in
+    the namespace may export `http_requests_total` too)."""
+    pods = sel(m.RUNNING, vllm_selector if vllm_selector is not None else selector)
+    handlers = 'handler=~"/v1/.+"'
+
+    def part(*extra: str) -> str:
+        return agg("sum", ("namespace",),
+                   f"{rate(m.HTTP_REQUESTS, selector, window, *extra)} "
+                   f"and on (namespace, pod) {pods}")
+
+    # `or ... * 0`: no 5xx series exists until the first 5xx; show 0 %, not "No data".
+    errors = f"({part(handlers, eq('status', '5xx'))}\nor\n{part(handlers)} * 0)"
+    return f"{errors}\n/\n{part(handlers)}"
+
+
+def engine_error_ratio(selector: str, window: str) -> str:
+    """Share of finished requests vLLM ended with finished_reason="error" (catches streamed
+    requests too, whose HTTP status was already 200 when the error came)."""
+    return rate_ratio(m.REQUEST_SUCCESS, m.REQUEST_SUCCESS, selector, window,
+                      ("namespace", "model_name"), num_extra=eq("finished_reason", "error"))
+
+
+def alerts(p: AlertParams) -> tuple[Alert, ...]:
+    t = ALL_NAMESPACES
+    per_pod = ("namespace", "pod")
+    per_engine = ("namespace", "pod", "model_name")
+    not_draining = f"unless on (namespace, pod) ({sel(m.DRAINING, t)} == 1)"
+    where = "{{ $labels.namespace }}/{{ $labels.pod }}"
+    fleet, serving = "ministream.fleet", "ministream.serving"
+
+    ready = agg("max", per_pod, sel(m.READY, t))
+    was_ready = sel(m.COLD_START, t, eq("phase", "total"))
+    upstream_up = agg("max", per_pod, sel(m.UPSTREAM_UP, t))
+    engine_started = sel(m.COLD_START, t, eq("phase", "engine_start"))
+    warmup_failures = agg("sum", per_pod, increase(m.WARMUP_RUNS, t, p.warmup_window,
+                                                   eq("outcome", "failure")))
+    ttft_p95 = quantile(0.95, m.TTFT, t, "5m", ("namespace", "model_name"))
+    kv_usage = agg("max", per_engine, sel(m.KV_CACHE_USAGE, t))
+    waiting = agg("sum", per_engine, sel(m.WAITING, t))
+    waiting_trend = agg("sum", per_engine, f"deriv({sel(m.WAITING, t)}[{p.queue_trend_window}])")
+    preemptions = agg("sum", per_engine, rate(m.PREEMPTIONS, t, "5m"))
+    errors = p.error_ratio_threshold
+    drain_timeouts = agg("sum", per_pod, increase(m.DRAINS, t, "30m", eq("outcome", "timeout")))
+    # `for:` on the instant gauge, not min_over_time(): a pod that finished draining and went
+    # away leaves only draining=1 samples in any window, but its series turns stale at once.
+    draining = agg("max", per_pod, sel(m.DRAINING, t))
+    drain_fix = ("Raise sidecar.drainTimeoutSeconds (and the grace period) above the longest "
+                 "request, or cap max_tokens.")
+    return (
+        Alert(
+            "MiniStreamPodNotReady", fleet,
+            f"({ready} == 0)\nand on (namespace, pod) {was_ready}\n{not_draining}",
+            p.not_ready_for, "warning",
+            f"MiniStream pod {where} is not ready",
+            f"{where} was ready once, and its sidecar has reported not ready (without "
+            f"draining) for {p.not_ready_for}: vLLM /health fails, or vLLM restarted and "
+            "has not warmed up again. The Service sends it no traffic.",
+            "Read the reason in the sidecar's /readyz body and the vllm container's logs "
+            "and restarts.",
+        ),
+        Alert(
+            "MiniStreamLoadingStuck", fleet,
+            f"({upstream_up} == 0)\nunless on (namespace, pod) {engine_started}\n{not_draining}",
+            p.loading_budget, "warning",
+            f"MiniStream pod {where} has been loading for more than {p.loading_budget}",
+            f"vLLM in {where} has not answered /health OK since its sidecar started "
+            f"{p.loading_budget} ago: weights still loading (slow storage or S3), the engine "
+            "crashing in a loop, or the startupProbe killing it before it is done.",
+            "Look at the vllm container's logs and restarts; compare the load time with the "
+            "chart's startup budget.",
+        ),
+        Alert(
+            "MiniStreamWarmupFailing", fleet,
+            f"{warmup_failures} > 0",
+            "0m", "warning",
+            f"Warmup failed in {where}",
+            f"A warmup run in {where} used up all its attempts in the last {p.warmup_window}: "
+            "the pod stays unready. vLLM answers /health but cannot complete requests.",
+            "Read the sidecar's warmup log lines (last_error) and send one completion by hand.",
+        ),
+        Alert(
+            "MiniStreamTTFTAboveSLO", serving,
+            f"{ttft_p95}\n> {p.ttft_p95_slo_seconds:g}",
+            p.ttft_for, "warning",
+            f"Time to first token p95 of {{{{ $labels.model_name }}}} above its SLO "
+            f"({p.ttft_p95_slo_seconds:g} s)",
+            "p95 time to first token of {{ $labels.model_name }} in {{ $labels.namespace }} "
+            "is {{ $value | humanizeDuration }}, above the SLO of "
+            f"{p.ttft_p95_slo_seconds:g} s for {p.ttft_for}.",
+            "Check queueing (running/waiting), KV-cache usage and preemptions on the Serving "
+            "dashboard; add replicas if the fleet is saturated.",
+        ),
+        Alert(
+            "MiniStreamKVCacheNearlyFull", serving,
+            f"{kv_usage}\n> {p.kv_cache_usage_threshold:g}",
+            p.kv_cache_for, "warning",
+            f"KV cache of {where} above {p.kv_cache_usage_threshold:.0%}",
+            f"KV-cache usage of {where} is {{{{ $value | humanizePercentage }}}} "
+            f"(threshold {p.kv_cache_usage_threshold:.0%}) for {p.kv_cache_for}: new requests "
+            "will wait and running ones may be preempted.",
+            "Spread load over more replicas, lower max_num_seqs / max_model_len, or give the "
+            "KV cache more memory.",
+        ),
+        Alert(
+            "MiniStreamQueueGrowing", serving,
+            f"({waiting} > 0)\nand on (namespace, pod, model_name)\n({waiting_trend} > 0)",
+            p.queue_for, "warning",
+            f"Request queue of {where} keeps growing",
+            f"{where} has {{{{ $value }}}} waiting requests, and the queue has grown over the "
+            f"last {p.queue_trend_window} for {p.queue_for}: requests arrive faster than the "
+            "pod serves them.",
+            "Scale out, or find why throughput dropped (preemptions, KV cache, a slow pod).",
+        ),
+        Alert(
+            "MiniStreamPreempting", serving,
+            f"{preemptions} > 0",
+            p.preemption_for, "warning",
+            f"vLLM in {where} keeps preempting requests",
+            f'{where} has preempted {{{{ printf "%.2f" $value }}}} requests per second for '
+            f"{p.preemption_for}: the KV cache is too small for the concurrent load, and "
+            "preempted requests are computed again (latency and wasted compute).",
+            "Lower max_num_seqs, raise the KV-cache memory, or add replicas.",
+        ),
+        Alert(
+            "MiniStreamRequestErrors", serving,
+            f"(\n{api_error_ratio(t, '5m')}\n) > {errors:g}\n"
+            f"or\n(\n{engine_error_ratio(t, '5m')}\n) > {errors:g}",
+            p.errors_for, "critical",
+            "MiniStream requests failing in {{ $labels.namespace }}",
+            "{{ $value | humanizePercentage }} of requests in {{ $labels.namespace }} failed "
+            "(HTTP 5xx from the OpenAI API, or finished by vLLM with an error) for "
+            f"{p.errors_for}; threshold {errors:.0%}.",
+            "Read vLLM's logs for the errors; check engine restarts and recent rollouts.",
+        ),
+        Alert(
+            "MiniStreamDrainTimingOut", fleet,
+            f"{drain_timeouts} > 0",
+            "0m", "warning",
+            f"Drain of {where} timed out",
+            f"{where} gave up waiting for vLLM to finish its requests (drain outcome timeout) "
+            "in the last 30m: requests still running were cut off when vLLM stopped.",
+            drain_fix,
+            labels=(("reason", "timeout"),),
+        ),
+        # Same alert, seen during the drain: the counter above moves only at its end, and the
+        # pod may be gone before the next scrape.
+        Alert(
+            "MiniStreamDrainTimingOut", fleet,
+            f"{draining} == 1",
+            p.drain_budget, "warning",
+            f"Drain of {where} is taking longer than {p.drain_budget}",
+            f"{where} has been draining for more than {p.drain_budget}: vLLM still has "
+            "running or waiting requests, and they will be cut off when the drain times out.",
+            drain_fix,
+            labels=(("reason", "over_budget"),),
+        ),
+    )
+
+
+def rule_groups(params: AlertParams) -> list[dict[str, Any]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for alert in alerts(params):
+        groups.setdefault(alert.group, []).append(alert.to_rule(params))
+    return [{"name": name, "rules": rules} for name, rules in groups.items()]

@@ -1,0 +1,136 @@
+"""Every metric the dashboards and alerts may use, in one table.
+
+Names are exposition names as Prometheus stores them: counters carry `_total`, histograms are
+named by their base (queries add `_bucket`, `_sum`, `_count`). Sources:
+
+- `vllm`: vLLM 0.32's own metrics (`vllm/v1/metrics/loggers.py`; labels `model_name`,
+  `engine`) and the HTTP metrics of its API server (prometheus-fastapi-instrumentator;
+  labels `handler`, `method`, `status` in classes `2xx`, `4xx`, `5xx`).
+- `sidecar`: the sidecar's `ministream_*` contract (DESIGN §7, `ministream_sidecar/metrics.py`).
+- `cluster`: kube-state-metrics. They cannot exist in a local scrape, so they form the only
+  allow-list the live-scrape test exempts (`CLUSTER_ONLY`).
+
+In a cluster every series also carries `namespace` and `pod`, added by the ServiceMonitor or
+PodMonitor (or by the usual `kubernetes_sd_configs` relabelling without the operator).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(str, enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Source(str, enum.Enum):
+    VLLM = "vllm"
+    SIDECAR = "sidecar"
+    CLUSTER = "cluster"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: Kind
+    source: Source
+    help: str
+
+    def __post_init__(self) -> None:
+        # The mistake this project exists to prevent: a counter queried without `_total`.
+        assert (self.kind is Kind.COUNTER) == self.name.endswith("_total"), self.name
+
+    @property
+    def bucket(self) -> str:
+        assert self.kind is Kind.HISTOGRAM, self.name
+        return f"{self.name}_bucket"
+
+    @property
+    def series_names(self) -> tuple[str, ...]:
+        """The names Prometheus stores for this metric."""
+        if self.kind is Kind.HISTOGRAM:
+            return tuple(f"{self.name}_{s}" for s in ("bucket", "sum", "count"))
+        return (self.name,)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _vllm(name: str, kind: Kind, help: str) -> Metric:
+    return Metric(name, kind, Source.VLLM, help)
+
+
+def _sidecar(name: str, kind: Kind, help: str) -> Metric:
+    return Metric(name, kind, Source.SIDECAR, help)
+
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+
+# --- vLLM (engine) ----------------------------------------------------------------------------
+TTFT = _vllm("vllm:time_to_first_token_seconds", H, "Time to first token.")
+ITL = _vllm("vllm:inter_token_latency_seconds", H, "Time between two output tokens.")
+E2E = _vllm("vllm:e2e_request_latency_seconds", H, "Arrival to last token of a request.")
+QUEUE_TIME = _vllm("vllm:request_queue_time_seconds", H, "Time a request spent WAITING.")
+PROMPT_TOKENS = _vllm("vllm:prompt_tokens_total", C, "Prefill tokens processed.")
+GENERATION_TOKENS = _vllm("vllm:generation_tokens_total", C, "Tokens generated.")
+RUNNING = _vllm("vllm:num_requests_running", G, "Requests in the running batch.")
+WAITING = _vllm("vllm:num_requests_waiting", G, "Requests waiting to be scheduled.")
+KV_CACHE_USAGE = _vllm("vllm:kv_cache_usage_perc", G, "KV-cache usage, 1 = 100 %.")
+PREEMPTIONS = _vllm("vllm:num_preemptions_total", C, "Preemptions (KV cache ran out).")
+PREFIX_QUERIES = _vllm("vllm:prefix_cache_queries_total", C, "Prefix-cache queried tokens.")
+PREFIX_HITS = _vllm("vllm:prefix_cache_hits_total", C, "Prefix-cache hit tokens.")
+REQUEST_SUCCESS = _vllm(
+    "vllm:request_success_total",
+    C,
+    "Finished requests by `finished_reason` (stop, length, abort, error, repetition).",
+)
+# --- vLLM (HTTP server) -----------------------------------------------------------------------
+HTTP_REQUESTS = _vllm(
+    "http_requests_total", C, "HTTP requests of vLLM's API server by handler and status class."
+)
+
+# --- sidecar ----------------------------------------------------------------------------------
+READY = _sidecar("ministream_ready", G, "1 while /readyz answers 200.")
+DRAINING = _sidecar("ministream_draining", G, "1 from the first moment of a drain.")
+UPSTREAM_UP = _sidecar("ministream_upstream_up", G, "1 when the last vLLM /health passed.")
+COLD_START = _sidecar(
+    "ministream_cold_start_phase_seconds",
+    G,
+    "Cold-start phase durations, `phase` = engine_start | warmup | total; absent until done.",
+)
+WARMUP_REQUESTS = _sidecar(
+    "ministream_warmup_requests_total", C, "Warmup completions by `outcome`."
+)
+WARMUP_DURATION = _sidecar(
+    "ministream_warmup_request_duration_seconds", H, "Latency of one warmup completion."
+)
+WARMUP_RUNS = _sidecar("ministream_warmup_runs_total", C, "Warmup runs by `outcome`.")
+DRAIN_DURATION = _sidecar("ministream_drain_duration_seconds", H, "Duration of a drain.")
+DRAINS = _sidecar("ministream_drains_total", C, "Drains by `outcome` (idle | timeout).")
+UPSTREAM_FAILURES = _sidecar(
+    "ministream_upstream_health_failures_total", C, "Failed vLLM /health checks."
+)
+INFO = _sidecar(
+    "ministream_info", G, "Constant 1: model, revision, load_format, tensor_parallel_size."
+)
+
+# --- cluster-only (kube-state-metrics) --------------------------------------------------------
+RESTARTS = Metric(
+    "kube_pod_container_status_restarts_total", C, Source.CLUSTER, "Container restarts."
+)
+READY_REPLICAS = Metric(
+    "kube_deployment_status_replicas_ready", G, Source.CLUSTER, "Ready replicas of a Deployment."
+)
+
+ALL: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
+
+# The only names the live-scrape test may not find: nothing but kube-state-metrics, which runs
+# in a cluster, never next to a local vLLM.
+CLUSTER_ONLY: frozenset[str] = frozenset(
+    n for m in ALL if m.source is Source.CLUSTER for n in m.series_names
+)
+
+KNOWN_SERIES: frozenset[str] = frozenset(n for m in ALL for n in m.series_names)

@@ -1,0 +1,367 @@
+"""The two Grafana dashboards: Serving (vLLM's own metrics) and Fleet & rollout (sidecar and
+kube-state-metrics). Every query goes through `promql`, thresholds come from `AlertParams`, so
+the red lines on the panels are the alert thresholds."""
+
+from __future__ import annotations
+
+from . import catalog as m
+from .alerts import AlertParams, api_error_ratio, engine_error_ratio
+from .grafana import Dashboard, Panel, Row, Target, Variable
+from .promql import agg, increase, quantile, rate, rate_ratio, sel
+
+W = "$__rate_interval"  # Grafana: at least four scrape intervals, so rate() always has samples
+QUANTILES = (0.5, 0.95, 0.99)
+
+# Label filters of the variables. vLLM labels its model `model_name`; the sidecar's info
+# metric calls it `model`; `pod` and `namespace` come from the ServiceMonitor/PodMonitor.
+VLLM = 'namespace=~"$namespace", model_name=~"$model", pod=~"$pod"'
+POD = 'namespace=~"$namespace", pod=~"$pod"'  # series without a model label (HTTP, sidecar)
+NAMESPACE = 'namespace=~"$namespace"'
+V1_HANDLERS = 'handler=~"/v1/.+"'  # the OpenAI API, not /health or /metrics
+# Deployment pods are named <deployment>-<replicaset hash>-<pod hash>.
+POD_TO_DEPLOYMENT = '"deployment", "$1", "pod", "(.+)-[a-z0-9]+-[a-z0-9]+"'
+
+LINKS = (
+    {
+        "title": "MiniStream",
+        "type": "dashboards",
+        "tags": ["ministream"],
+        "asDropdown": True,
+        "includeVars": True,
+        "keepTime": True,
+    },
+)
+
+
+def _percentiles(
+    metric: m.Metric, selector: str, labels: tuple[str, ...] = ()
+) -> tuple[Target, ...]:
+    return tuple(
+        Target(quantile(q, metric, selector, W, labels), f"p{round(q * 100)}") for q in QUANTILES
+    )
+
+
+def prefix_cache_hit_rate(selector: str, window: str, labels: tuple[str, ...] = ()) -> str:
+    return rate_ratio(m.PREFIX_HITS, m.PREFIX_QUERIES, selector, window, labels)
+
+
+def serving(params: AlertParams) -> Dashboard:
+    latency = Row(
+        "Latency (selected pods together)",
+        (
+            Panel(
+                "Time to first token",
+                "Arrival to first output token; the red line is the p95 "
+                "SLO of the MiniStreamTTFTAboveSLO alert.",
+                _percentiles(m.TTFT, VLLM),
+                unit="s",
+                threshold=params.ttft_p95_slo_seconds,
+            ),
+            Panel(
+                "Inter-token latency",
+                "Time between consecutive output tokens of a request.",
+                _percentiles(m.ITL, VLLM),
+                unit="s",
+            ),
+            Panel(
+                "End-to-end request latency",
+                "Arrival to last token.",
+                _percentiles(m.E2E, VLLM),
+                unit="s",
+            ),
+        ),
+    )
+    throughput = Row(
+        "Throughput and outcomes",
+        (
+            Panel(
+                "Tokens per second",
+                "Prefill (prompt) and decode (generation) throughput.",
+                (
+                    Target(agg("sum", (), rate(m.PROMPT_TOKENS, VLLM, W)), "prompt"),
+                    Target(agg("sum", (), rate(m.GENERATION_TOKENS, VLLM, W)), "generation"),
+                ),
+                unit="short",
+            ),
+            Panel(
+                "Finished requests by reason",
+                "stop / length: normal; abort: the client left; "
+                "error: the engine failed the request.",
+                (
+                    Target(
+                        agg("sum", ("finished_reason",), rate(m.REQUEST_SUCCESS, VLLM, W)),
+                        "{{finished_reason}}",
+                    ),
+                ),
+                unit="reqps",
+                stack=True,
+            ),
+            Panel(
+                "Request errors",
+                "5xx share of OpenAI API responses and share of requests the "
+                "engine finished with an error; the red line is the MiniStreamRequestErrors "
+                "threshold.",
+                (
+                    Target(api_error_ratio(POD, W, VLLM), "HTTP 5xx {{namespace}}"),
+                    Target(engine_error_ratio(VLLM, W), "engine error {{model_name}}"),
+                ),
+                unit="percentunit",
+                threshold=params.error_ratio_threshold,
+            ),
+        ),
+    )
+    saturation = Row(
+        "Saturation",
+        (
+            Panel(
+                "Requests running and waiting",
+                "Waiting requests are queued for lack of batch slots or KV cache.",
+                (
+                    Target(agg("sum", (), sel(m.RUNNING, VLLM)), "running"),
+                    Target(agg("sum", (), sel(m.WAITING, VLLM)), "waiting"),
+                ),
+            ),
+            Panel(
+                "KV-cache usage",
+                "Per pod; the red line is the MiniStreamKVCacheNearlyFull threshold.",
+                (Target(agg("max", ("pod",), sel(m.KV_CACHE_USAGE, VLLM)), "{{pod}}"),),
+                unit="percentunit",
+                max=1,
+                threshold=params.kv_cache_usage_threshold,
+            ),
+            Panel(
+                "Preemptions per second",
+                "Requests evicted from the KV cache and recomputed "
+                "later: the cache is too small for the load.",
+                (Target(agg("sum", (), rate(m.PREEMPTIONS, VLLM, W)), "preemptions"),),
+            ),
+            Panel(
+                "Prefix-cache hit rate",
+                "rate(hits) / rate(queries), in tokens.",
+                (Target(prefix_cache_hit_rate(VLLM, W), "hit rate"),),
+                unit="percentunit",
+                max=1,
+            ),
+            Panel(
+                "Queue time",
+                "Time requests spent waiting before their first schedule.",
+                _percentiles(m.QUEUE_TIME, VLLM),
+                unit="s",
+            ),
+            Panel(
+                "OpenAI API responses by status",
+                "HTTP responses of vLLM's /v1 endpoints.",
+                (
+                    Target(
+                        agg("sum", ("status",), rate(m.HTTP_REQUESTS, POD, W, V1_HANDLERS)),
+                        "{{status}}",
+                    ),
+                ),
+                unit="reqps",
+                stack=True,
+            ),
+        ),
+    )
+    per_pod = Row(
+        "Per pod",
+        (
+            Panel(
+                "Generation tokens per second by pod",
+                "Uneven bars mean uneven load balancing.",
+                (Target(agg("sum", ("pod",), rate(m.GENERATION_TOKENS, VLLM, W)), "{{pod}}"),),
+            ),
+            Panel(
+                "Time to first token p95 by pod",
+                "One slow pod hides in the fleet percentile.",
+                (Target(quantile(0.95, m.TTFT, VLLM, W, ("pod",)), "{{pod}}"),),
+                unit="s",
+                threshold=params.ttft_p95_slo_seconds,
+            ),
+            Panel(
+                "Requests running and waiting by pod",
+                "Queues per replica.",
+                (
+                    Target(agg("sum", ("pod",), sel(m.RUNNING, VLLM)), "running {{pod}}"),
+                    Target(agg("sum", ("pod",), sel(m.WAITING, VLLM)), "waiting {{pod}}"),
+                ),
+            ),
+        ),
+    )
+    return Dashboard(
+        uid="ministream-serving",
+        title="MiniStream / Serving",
+        description="vLLM's own metrics, scraped from vLLM directly: latency, throughput, "
+        "saturation. Generated by `python -m ministream_observability`; edit the "
+        "generator, not this file.",
+        variables=(
+            Variable("namespace", "Namespace", f"label_values({m.RUNNING}, namespace)"),
+            Variable(
+                "model",
+                "Model",
+                f'label_values({m.RUNNING}{{namespace=~"$namespace"}}, model_name)',
+            ),
+            Variable(
+                "pod",
+                "Pod",
+                f'label_values({m.RUNNING}{{namespace=~"$namespace", model_name=~"$model"}}, pod)',
+            ),
+        ),
+        rows=(latency, throughput, saturation, per_pod),
+        links=LINKS,
+    )
+
+
+def fleet(params: AlertParams) -> Dashboard:
+    # Only Deployments that run MiniStream pods: kube-state-metrics labels its series with
+    # the deployment, the sidecars with their pod; the pod name carries the deployment.
+    ready_replicas = agg(
+        "sum",
+        ("deployment",),
+        (
+            f"{sel(m.READY_REPLICAS, NAMESPACE)}\n"
+            "and on (namespace, deployment)\n"
+            f"label_replace({sel(m.INFO, POD)}, {POD_TO_DEPLOYMENT})"
+        ),
+    )
+    replicas = Row(
+        "Replicas",
+        (
+            Panel(
+                "Ready replicas",
+                "kube-state-metrics' view of each Deployment next to the "
+                "sidecars' own readiness; the difference is pods Kubernetes has not yet counted.",
+                (
+                    Target(ready_replicas, "{{deployment}} ready (kube-state-metrics)"),
+                    Target(agg("sum", (), sel(m.READY, POD)), "ready (sidecars)"),
+                    Target(agg("count", (), sel(m.READY, POD)), "pods reporting"),
+                    Target(agg("sum", (), sel(m.DRAINING, POD)), "draining"),
+                ),
+            ),
+            Panel(
+                "Readiness by pod",
+                "1 while the sidecar's /readyz answers 200.",
+                (Target(agg("max", ("pod",), sel(m.READY, POD)), "{{pod}}"),),
+                max=1,
+            ),
+            Panel(
+                "What each pod serves",
+                "ministream_info: model, revision, load format, TP.",
+                (
+                    Target(
+                        agg(
+                            "max",
+                            ("pod", "model", "revision", "load_format", "tensor_parallel_size"),
+                            sel(m.INFO, POD),
+                        ),
+                        instant=True,
+                    ),
+                ),
+                kind="table",
+            ),
+        ),
+    )
+    cold_start = Row(
+        "Cold start and warmup",
+        (
+            Panel(
+                "Cold-start phases",
+                "engine_start: process start to vLLM healthy (weights "
+                "loaded); warmup: healthy to warmup done; total: process start to ready. Set "
+                "once per pod.",
+                (
+                    Target(
+                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD)), "{{phase}} {{pod}}"
+                    ),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Warmup runs by outcome",
+                "A failed run exhausted all its attempts; the pod "
+                "stays unready (MiniStreamWarmupFailing).",
+                (Target(agg("sum", ("outcome",), increase(m.WARMUP_RUNS, POD, W)), "{{outcome}}"),),
+                unit="short",
+            ),
+            Panel(
+                "Warmup requests by outcome",
+                "Warmup completions per second; failures are "
+                "retried with backoff until the run's attempts are used up.",
+                (Target(agg("sum", ("outcome",), rate(m.WARMUP_REQUESTS, POD, W)), "{{outcome}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Warmup request latency",
+                "Latency of one warmup completion (successful or not).",
+                tuple(
+                    Target(quantile(q, m.WARMUP_DURATION, POD, W), f"p{round(q * 100)}")
+                    for q in (0.5, 0.95)
+                ),
+                unit="s",
+            ),
+        ),
+    )
+    rollout = Row(
+        "Rollout and health",
+        (
+            Panel(
+                "Drains by outcome",
+                "idle: vLLM finished its requests; timeout: the drain "
+                "gave up (MiniStreamDrainTimingOut).",
+                (Target(agg("sum", ("outcome",), increase(m.DRAINS, POD, W)), "{{outcome}}"),),
+            ),
+            Panel(
+                "Drain duration",
+                "From going unready to vLLM idle (or the timeout).",
+                tuple(
+                    Target(quantile(q, m.DRAIN_DURATION, POD, W), f"p{round(q * 100)}")
+                    for q in (0.5, 0.95)
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Container restarts",
+                "kube-state-metrics; a restarting vllm container with a "
+                "running sidecar is an engine crash or a failed startupProbe.",
+                (
+                    Target(
+                        agg("sum", ("pod", "container"), increase(m.RESTARTS, POD, W)),
+                        "{{pod}} {{container}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "vLLM health-check failures",
+                "Failed /health checks of the sidecar per "
+                "second; vLLM up is the last check's result.",
+                (
+                    Target(
+                        agg("sum", ("pod",), rate(m.UPSTREAM_FAILURES, POD, W)),
+                        "failures/s {{pod}}",
+                    ),
+                    Target(agg("min", ("pod",), sel(m.UPSTREAM_UP, POD)), "up {{pod}}"),
+                ),
+            ),
+        ),
+    )
+    return Dashboard(
+        uid="ministream-fleet",
+        title="MiniStream / Fleet and rollout",
+        description="Readiness, cold starts, warmup, drains and restarts: the sidecars' "
+        "ministream_* metrics and kube-state-metrics. Generated by "
+        "`python -m ministream_observability`; edit the generator, not this file.",
+        variables=(
+            Variable("namespace", "Namespace", f"label_values({m.INFO}, namespace)"),
+            Variable("model", "Model", f'label_values({m.INFO}{{namespace=~"$namespace"}}, model)'),
+            Variable(
+                "pod",
+                "Pod",
+                f'label_values({m.INFO}{{namespace=~"$namespace", model=~"$model"}}, pod)',
+            ),
+        ),
+        rows=(replicas, cold_start, rollout),
+        links=LINKS,
+    )
+
+
+def all_dashboards(params: AlertParams) -> tuple[Dashboard, ...]:
+    return serving(params), fleet(params)

@@ -1,0 +1,55 @@
+"""Response bodies of the sidecar's endpoints (they make up its OpenAPI document)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..metrics import DrainOutcome
+from ..state import NotReadyReason, WarmupState
+
+
+class Liveness(BaseModel):
+    alive: bool
+    upstream_up: bool
+    consecutive_upstream_failures: int
+    liveness_failure_threshold: int
+
+
+class Readiness(BaseModel):
+    ready: bool
+    reasons: list[NotReadyReason] = Field(description="Why not ready; empty when ready.")
+    upstream_up: bool
+    warmup: WarmupState
+    draining: bool
+    model: str
+
+
+class WarmupBody(BaseModel):
+    succeeded: bool
+    ran: bool = Field(description="False when an earlier warmup had succeeded already.")
+    attempts: int
+    requests_succeeded: int
+    requests_failed: int
+    duration_seconds: float
+    model: str
+    last_error: str | None = None
+
+
+class DrainBody(BaseModel):
+    outcome: DrainOutcome
+    duration_seconds: float
+    running: int | None = Field(description="Last vLLM num_requests_running seen.")
+    waiting: int | None = Field(description="Last vLLM num_requests_waiting seen.")
+    polls: int
+    scrape_errors: int
+    last_error: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    details: dict[str, object] = Field(default_factory=dict)
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

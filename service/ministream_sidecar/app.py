@@ -1,0 +1,129 @@
+"""The app factory. All objects are built in the lifespan and hung on `app.state`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+
+from . import __version__
+from .api import build_router
+from .api.errors import install_error_handlers
+from .drain import Drainer
+from .engine_client import VLLMClient
+from .events import EventRecorder, build_event_recorder
+from .metrics import SidecarMetrics
+from .monitor import HealthMonitor, ModelResolver
+from .settings import SidecarSettings
+from .state import ServingState
+from .warmup import WarmupRunner
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: SidecarSettings | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    event_recorder: EventRecorder | None = None,
+    run_monitor: bool = True,
+) -> FastAPI:
+    """Build the sidecar app.
+
+    `transport` replaces the HTTP transport to vLLM and `event_recorder` the Kubernetes
+    events (tests use both); `run_monitor=False` leaves the background health loop off.
+    """
+    app_settings = settings if settings is not None else SidecarSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = SidecarMetrics()
+        state = ServingState(
+            metrics=metrics,
+            process_start=app_settings.process_start_time or process_start_time(),
+            liveness_failure_threshold=app_settings.liveness_failure_threshold,
+        )
+        client = VLLMClient(
+            app_settings.vllm_url,
+            api_key=app_settings.api_key.get_secret_value() if app_settings.api_key else None,
+            health_timeout=app_settings.health_timeout_seconds,
+            transport=transport,
+        )
+        events = event_recorder or build_event_recorder(app_settings, metrics)
+        resolver = ModelResolver(settings=app_settings, client=client, state=state, metrics=metrics)
+        warmup = WarmupRunner(
+            settings=app_settings,
+            client=client,
+            state=state,
+            metrics=metrics,
+            events=events,
+            resolve_model=resolver,
+        )
+        drainer = Drainer(
+            settings=app_settings, client=client, state=state, metrics=metrics, events=events
+        )
+        monitor = HealthMonitor(
+            settings=app_settings, client=client, state=state, warmup=warmup, resolve_model=resolver
+        )
+        app.state.settings = app_settings
+        app.state.metrics = metrics
+        app.state.serving = state
+        app.state.vllm = client
+        app.state.events = events
+        app.state.warmup = warmup
+        app.state.drainer = drainer
+        app.state.monitor = monitor
+        log.info(
+            "sidecar started",
+            extra={
+                "vllm_url": app_settings.vllm_url,
+                "model": app_settings.model_name or None,
+                "token_configured": app_settings.token is not None,
+                "version": __version__,
+            },
+        )
+        monitor_task = asyncio.create_task(monitor.run()) if run_monitor else None
+        try:
+            yield
+        finally:
+            if monitor_task is not None:
+                monitor_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor_task
+            await warmup.aclose()
+            await drainer.aclose()
+            await events.aclose()
+            await client.aclose()
+            log.info("sidecar stopped")
+
+    app = FastAPI(
+        title="MiniStream sidecar",
+        version=__version__,
+        description="Health, readiness, warmup gate, drain and cold-start metrics around "
+        "`vllm serve` (DESIGN §7).",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(build_router(guarded=app_settings.token is not None))
+    return app
+
+
+def process_start_time() -> float:
+    """Epoch seconds at which this process started (Linux /proc), else now."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            # Field 22 (starttime, clock ticks after boot); split after the ")" of comm,
+            # which may itself contain spaces.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()

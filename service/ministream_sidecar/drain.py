@@ -1,0 +1,140 @@
+"""Drain: unready at once, then wait until vLLM has nothing running or waiting.
+
+Designed for a `preStop` hook: Kubernetes stops routing to an unready pod, the requests
+already inside vLLM finish, and only then does the kubelet send SIGTERM, which vLLM meets
+with `--shutdown-timeout` (DESIGN §8). terminationGracePeriodSeconds must cover
+DRAIN_TIMEOUT_SECONDS + vLLM's shutdown timeout + a margin.
+
+Idleness comes from vLLM's own gauges `vllm:num_requests_running` and
+`vllm:num_requests_waiting`: DRAIN_IDLE_POLLS consecutive scrapes with both at 0 end the
+drain (one scrape can fall between a request's arrival and its scheduling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .engine_client import RequestCounts, VLLMClient
+from .errors import SidecarError
+from .events import EventReason, EventRecorder, EventType
+from .metrics import DrainOutcome, SidecarMetrics
+from .settings import SidecarSettings
+from .state import ServingState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    outcome: DrainOutcome
+    duration_seconds: float  # from the first moment of the drain
+    running: int | None  # last counts seen; None if vLLM's metrics were never readable
+    waiting: int | None
+    polls: int
+    scrape_errors: int
+    last_error: str | None
+
+
+class Drainer:
+    def __init__(
+        self,
+        *,
+        settings: SidecarSettings,
+        client: VLLMClient,
+        state: ServingState,
+        metrics: SidecarMetrics,
+        events: EventRecorder,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._state = state
+        self._metrics = metrics
+        self._events = events
+        self._sleep = sleep
+        self._task: asyncio.Task[DrainResult] | None = None
+        self._started: float | None = None  # monotonic time of the first drain call
+
+    async def drain(self, timeout_seconds: float | None = None) -> DrainResult:
+        """Go unready now; wait for idle or the timeout. Concurrent calls share one wait."""
+        if not self._state.draining:
+            self._state.start_drain()  # readiness flips before anything is awaited
+            self._started = time.monotonic()
+            log.info("drain started")
+            self._events.emit(EventReason.DRAIN_STARTED, "drain started: pod is unready")
+        if self._task is None or self._task.done():
+            timeout = timeout_seconds or self._settings.drain_timeout_seconds
+            self._task = asyncio.get_running_loop().create_task(self._wait_idle(timeout))
+        return await asyncio.shield(self._task)
+
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _wait_idle(self, timeout: float) -> DrainResult:
+        s = self._settings
+        assert self._started is not None
+        began = time.monotonic()
+        deadline = began + timeout
+        not_before = self._started + s.drain_grace_seconds
+        model = self._state.model or s.model_name or None
+        last: RequestCounts | None = None
+        last_error: str | None = None
+        polls = errors = idle_streak = 0
+        while True:
+            try:
+                last = await self._client.request_counts(model)
+            except SidecarError as exc:
+                errors += 1
+                idle_streak = 0
+                last_error = exc.message
+            else:
+                polls += 1
+                idle_streak = idle_streak + 1 if last.idle else 0
+            now = time.monotonic()
+            if idle_streak >= s.drain_idle_polls and now >= not_before:
+                outcome = DrainOutcome.IDLE
+                break
+            if now >= deadline:
+                outcome = DrainOutcome.TIMEOUT
+                break
+            await self._sleep(min(s.drain_poll_interval_seconds, deadline - now))
+        result = DrainResult(
+            outcome=outcome,
+            duration_seconds=round(time.monotonic() - self._started, 3),
+            running=last.running if last else None,
+            waiting=last.waiting if last else None,
+            polls=polls,
+            scrape_errors=errors,
+            last_error=last_error,
+        )
+        self._metrics.drains.labels(outcome.value).inc()
+        self._metrics.drain_duration_seconds.observe(result.duration_seconds)
+        fields = {
+            "outcome": outcome.value,
+            "duration_seconds": result.duration_seconds,
+            "running": result.running,
+            "waiting": result.waiting,
+            "polls": polls,
+            "scrape_errors": errors,
+        }
+        if outcome is DrainOutcome.IDLE:
+            log.info("drain finished", extra=fields)
+            self._events.emit(
+                EventReason.DRAIN_FINISHED,
+                f"vLLM idle after {result.duration_seconds:.1f}s of drain",
+            )
+        else:
+            log.warning("drain timed out", extra={**fields, "error": last_error})
+            self._events.emit(
+                EventReason.DRAIN_TIMED_OUT,
+                f"drain timed out after {result.duration_seconds:.1f}s with "
+                f"{result.running} running and {result.waiting} waiting requests",
+                EventType.WARNING,
+            )
+        return result

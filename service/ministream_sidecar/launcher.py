@@ -1,0 +1,284 @@
+"""`ministream up`: vLLM and the sidecar together on one machine.
+
+    ministream up --model DIR [--port 8000] [--sidecar-port 8081] [--host 127.0.0.1]
+                  [-- EXTRA_VLLM_ARGS...]
+
+Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script
+is broken, DESIGN §8) and `python -m ministream_sidecar`, each in its own session so that a
+terminal's Ctrl-C reaches only this launcher. On SIGINT or SIGTERM it drains through the
+sidecar (POST /drain), then sends SIGTERM to vLLM (which got `--shutdown-timeout`), then
+stops the sidecar. A second signal skips what is left of the drain. If vLLM or the sidecar
+dies on its own, the other is stopped and the exit status is non-zero.
+
+This module imports neither torch nor vLLM: vLLM runs in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from pydantic import ValidationError
+
+from .settings import ENV_PREFIX, SidecarSettings
+
+DEFAULT_SHUTDOWN_TIMEOUT = 30  # seconds vLLM lets in-flight requests finish after SIGTERM
+_POLL_SECONDS = 0.5
+_SIDECAR_STOP_SECONDS = 10.0
+
+
+class _ForceStop(Exception):
+    """A second signal: stop now, skip the rest of the drain."""
+
+
+@dataclass(frozen=True)
+class UpArgs:
+    model: str
+    port: int
+    sidecar_port: int
+    host: str
+    vllm_args: list[str]
+
+
+def parse_args(argv: list[str]) -> UpArgs:
+    own, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :])
+        if "--" in argv
+        else (
+            argv,
+            [],
+        )
+    )
+    parser = argparse.ArgumentParser(
+        prog="ministream up",
+        description="Serve a converted MiniStream model directory with vLLM behind the "
+        "MiniStream sidecar. Arguments after `--` go to vLLM unchanged.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--model", required=True, help="model directory (or s3:// URI)")
+    parser.add_argument("--port", type=int, default=8000, help="vLLM OpenAI API port")
+    parser.add_argument("--sidecar-port", type=int, default=8081, help="sidecar port")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address of both servers")
+    ns = parser.parse_args(own)
+    if ns.port == ns.sidecar_port:
+        parser.error("--port and --sidecar-port must differ")
+    if problem := local_model_problem(ns.model):
+        parser.error(problem)
+    return UpArgs(ns.model, ns.port, ns.sidecar_port, ns.host, extra)
+
+
+def local_model_problem(model: str) -> str | None:
+    """Why `model`, a local path, cannot be served (checked before anything starts);
+    None for a servable directory, an s3:// URI or a hub id (vLLM resolves those)."""
+    if "://" in model:
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        if model.startswith(("/", ".", "~")) or model.count("/") > 1:
+            return (f"--model {model}: no such directory; pass a directory written by "
+                    "`ministream convert` (or an s3:// URI)")
+        return None  # a hub id such as org/name
+    if not (path / "config.json").is_file():
+        return (f"--model {model}: no config.json there; pass a directory written by "
+                "`ministream convert`, not the raw training checkpoint")
+    return None
+
+
+def vllm_command(args: UpArgs) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args.model,
+        "--port",
+        str(args.port),
+        "--host",
+        args.host,
+    ]
+    if not any(
+        a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in args.vllm_args
+    ):
+        cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT)]
+    return cmd + args.vllm_args
+
+
+def shutdown_timeout(cmd: list[str]) -> float:
+    for i, arg in enumerate(cmd):
+        if arg.startswith("--shutdown-timeout="):
+            return float(arg.split("=", 1)[1])
+        if arg == "--shutdown-timeout" and i + 1 < len(cmd):
+            return float(cmd[i + 1])
+    return 0.0
+
+
+def _local(host: str) -> str:
+    """Where to connect to a server bound to `host` from this machine."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+def _say(message: str) -> None:
+    print(f"ministream up: {message}", file=sys.stderr, flush=True)
+
+
+class Launcher:
+    def __init__(self, args: UpArgs) -> None:
+        self.args = args
+        self.vllm: subprocess.Popen[bytes] | None = None
+        self.sidecar: subprocess.Popen[bytes] | None = None
+        self.vllm_cmd = vllm_command(args)
+        self.signals: list[int] = []
+        host = _local(args.host)
+        self.api_url = f"http://{host}:{args.port}"
+        self.sidecar_url = f"http://{host}:{args.sidecar_port}"
+
+    # --- signals -------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if len(self.signals) == 2:  # once: a third signal must not interrupt the kill
+            raise _ForceStop
+
+    # --- the run -------------------------------------------------------------------------
+    def run(self) -> int:
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            return self._run()
+        except _ForceStop:
+            _say("second signal: stopping now")
+            self._stop_all(drain=False)
+            return 0
+        finally:
+            self._kill_leftovers()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        env = dict(os.environ)
+        # The cold start counts from here, the moment vLLM is asked to start.
+        env.setdefault(f"{ENV_PREFIX}PROCESS_START_TIME", repr(time.time()))
+        try:  # fail on a bad MINISTREAM_SIDECAR_* before starting anything
+            settings = SidecarSettings()
+        except ValidationError as exc:
+            _say(f"invalid MINISTREAM_SIDECAR_* settings:\n{exc}")
+            return 2
+        cmd = self.vllm_cmd
+        self.vllm = subprocess.Popen(cmd, env=env, start_new_session=True)
+        _say(f"vLLM pid {self.vllm.pid}: {' '.join(cmd)}")
+        sidecar_env = {
+            **env,
+            f"{ENV_PREFIX}HOST": self.args.host,
+            f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
+            f"{ENV_PREFIX}VLLM_URL": self.api_url,
+        }
+        self.sidecar = subprocess.Popen(
+            [sys.executable, "-m", "ministream_sidecar"], env=sidecar_env, start_new_session=True
+        )
+        _say(f"sidecar pid {self.sidecar.pid}")
+        _say(
+            f"OpenAI API at {self.api_url}/v1 (ready when {self.sidecar_url}/readyz says 200); "
+            f"metrics: {self.api_url}/metrics (vLLM), {self.sidecar_url}/metrics (sidecar)"
+        )
+        announced = False
+        started = time.monotonic()
+        while not self.signals:
+            if (rc := self.vllm.poll()) is not None:
+                _say(f"vLLM exited with status {rc}; stopping the sidecar")
+                self._stop_all(drain=False)
+                return rc if rc != 0 else 1
+            if (rc := self.sidecar.poll()) is not None:
+                _say(f"the sidecar exited with status {rc}; stopping vLLM")
+                self._stop_all(drain=False)
+                return rc if rc != 0 else 1
+            if not announced and self._ready():
+                announced = True
+                _say(
+                    f"ready after {time.monotonic() - started:.1f}s: "
+                    f"try curl {self.api_url}/v1/models"
+                )
+            time.sleep(_POLL_SECONDS)
+        _say(f"got {signal.Signals(self.signals[0]).name}: draining, then stopping")
+        self._stop_all(drain=True, drain_timeout=settings.drain_timeout_seconds)
+        return 0
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.sidecar_url}/readyz", timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    # --- stopping ------------------------------------------------------------------------
+    def _stop_all(self, *, drain: bool, drain_timeout: float = 0.0) -> None:
+        if drain and _alive(self.sidecar) and _alive(self.vllm):
+            self._drain(drain_timeout)
+        if self.vllm is not None:
+            _terminate(self.vllm, "vLLM", shutdown_timeout(self.vllm_cmd) + 15.0)
+        if self.sidecar is not None:
+            _terminate(self.sidecar, "sidecar", _SIDECAR_STOP_SECONDS)
+
+    def _drain(self, timeout: float) -> None:
+        headers = {}
+        token = os.environ.get(f"{ENV_PREFIX}TOKEN")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(
+            f"{self.sidecar_url}/drain", method="POST", headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout + 10) as response:
+                _say(f"drain: {json.loads(response.read())}")
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            _say(f"drain failed ({exc}); stopping anyway")
+
+    def _kill_leftovers(self) -> None:
+        for proc in (self.vllm, self.sidecar):
+            if proc is not None and proc.poll() is None:
+                _killpg(proc, signal.SIGKILL)
+                proc.wait()
+
+
+def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
+    return proc is not None and proc.poll() is None
+
+
+def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
+    # Each child leads its own session (start_new_session), so its group id is its pid;
+    # the group also holds vLLM's engine-core process.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _terminate(proc: subprocess.Popen[bytes], name: str, grace: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _say(f"{name} did not stop within {grace:.0f}s; killing it")
+            _killpg(proc, signal.SIGKILL)
+            proc.wait()
+    # Reap anything the leader left behind in its group (vLLM's engine core, if orphaned).
+    _killpg(proc, signal.SIGKILL)
+    _say(f"{name} stopped (status {proc.returncode})")
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `ministream up` (the CLI passes the arguments after `up`)."""
+    return Launcher(parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

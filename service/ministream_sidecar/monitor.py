@@ -1,0 +1,122 @@
+"""The background loop that watches vLLM /health and starts warmup when it first turns OK."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .engine_client import VLLMClient
+from .errors import ModelUnknown, SidecarError
+from .metrics import SidecarMetrics
+from .settings import SidecarSettings
+from .state import HealthTransition, ServingState, WarmupState
+from .warmup import WarmupRunner
+
+log = logging.getLogger(__name__)
+
+
+class ModelResolver:
+    """The served model name: configured, or the first one vLLM lists under /v1/models."""
+
+    def __init__(
+        self,
+        *,
+        settings: SidecarSettings,
+        client: VLLMClient,
+        state: ServingState,
+        metrics: SidecarMetrics,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._state = state
+        self._metrics = metrics
+        if settings.model_name:
+            self._adopt(settings.model_name)
+        else:
+            self._publish_info("")
+
+    async def __call__(self) -> str:
+        if self._state.model:
+            return self._state.model
+        models = await self._client.served_models()
+        if not models:
+            raise ModelUnknown("vLLM lists no model under /v1/models")
+        self._adopt(models[0].name)
+        log.info(
+            "served model discovered",
+            extra={"model": models[0].name, "max_model_len": models[0].max_model_len},
+        )
+        return models[0].name
+
+    def _adopt(self, name: str) -> None:
+        self._state.model = name
+        self._publish_info(name)
+
+    def _publish_info(self, model: str) -> None:
+        s = self._settings
+        self._metrics.set_info(
+            model=model,
+            revision=s.info_revision,
+            load_format=s.info_load_format,
+            tensor_parallel_size=s.info_tensor_parallel_size,
+        )
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        *,
+        settings: SidecarSettings,
+        client: VLLMClient,
+        state: ServingState,
+        warmup: WarmupRunner,
+        resolve_model: ModelResolver,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._state = state
+        self._warmup = warmup
+        self._resolve_model = resolve_model
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:  # the loop is the sidecar's heartbeat: it must survive bugs
+                log.exception("health check crashed")
+            await asyncio.sleep(self._settings.health_interval_seconds)
+
+    async def check_once(self) -> HealthTransition:
+        ok = await self._client.health()
+        transition = self._state.record_health(ok)
+        self._log(transition)
+        if not ok:
+            return transition
+        if not self._state.model:
+            try:
+                await self._resolve_model()
+            except SidecarError as exc:
+                log.warning("could not discover the served model", extra={"error": exc.message})
+        if self._settings.warmup_on_start and self._state.warmup is WarmupState.PENDING:
+            self._warmup.trigger()
+        return transition
+
+    def _log(self, transition: HealthTransition) -> None:
+        s = self._state
+        if transition is HealthTransition.FIRST_UP:
+            log.info(
+                "vLLM healthy",
+                extra={
+                    "engine_start_seconds": round((s.engine_ready_at or 0.0) - s.process_start, 3)
+                },
+            )
+        elif transition is HealthTransition.WENT_DOWN:
+            log.warning("vLLM /health failing")
+        elif transition is HealthTransition.DIED:
+            log.error(
+                "vLLM considered dead", extra={"consecutive_failures": s.consecutive_failures}
+            )
+        elif transition is HealthTransition.CAME_BACK:
+            log.info("vLLM /health OK again")
+        elif transition is HealthTransition.RESTARTED:
+            log.warning("vLLM came back after being dead: warming up again")

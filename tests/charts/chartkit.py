@@ -1,0 +1,135 @@
+"""Helpers of the chart tests: the real helm binaries and a cached renderer.
+
+helm comes from .tools/bin (scripts/install_tools.sh) or PATH. A missing helm fails the tests
+instead of skipping them: CI runs the install script first, so absence is a broken set-up.
+No Kubernetes API server runs here; kubernetes-validate's API schemas stand in for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ministream"
+TOOLS_BIN = ROOT / ".tools" / "bin"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+RELEASE = "ms"
+NAMESPACE = "serving"
+# Kubernetes minor versions the chart supports (Chart.yaml kubeVersion >= 1.29).
+KUBE_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35"]
+INSTALL_HINT = "run scripts/install_tools.sh (installs helm 4, helm 3 and kubectl into .tools/bin)"
+
+
+def _find(names: list[str]) -> str | None:
+    for name in names:
+        local = TOOLS_BIN / name
+        if local.is_file():
+            return str(local)
+    for name in names:
+        if found := shutil.which(name):
+            return found
+    return None
+
+
+@functools.cache
+def helm_binary(major: int) -> str:
+    """Path of a helm binary of the given major version, or fail with the install hint."""
+    candidates = ["helm"] if major == 4 else ["helm3", "helm"]
+    for name in candidates:
+        path = _find([name])
+        if path and helm_major(path) == major:
+            return path
+    pytest.fail(f"helm {major} not found in .tools/bin or PATH: {INSTALL_HINT}", pytrace=False)
+
+
+@functools.cache
+def helm_major(path: str) -> int:
+    out = subprocess.run([path, "version", "--short"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().lstrip("v").split(".")[0])
+
+
+@dataclass(frozen=True)
+class Rendered:
+    docs: tuple[dict[str, Any], ...]
+    text: str
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def one(self, kind: str) -> dict[str, Any]:
+        found = self.of_kind(kind)
+        assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+        return found[0]
+
+    def kinds(self) -> set[str]:
+        return {d["kind"] for d in self.docs}
+
+
+class HelmError(Exception):
+    pass
+
+
+def run_helm(args: list[str], major: int = 4) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_binary(major), *args], capture_output=True, text=True, timeout=60)
+
+
+@functools.cache
+def _render(
+    values_files: tuple[str, ...],
+    sets: tuple[tuple[str, str], ...],
+    major: int,
+    chart: str,
+    extra: tuple[str, ...],
+) -> Rendered:
+    args = ["template", RELEASE, chart, "--namespace", NAMESPACE, *extra]
+    for f in values_files:
+        args += ["-f", f]
+    for key, value in sets:
+        args += ["--set-json", f"{key}={value}"]
+    proc = run_helm(args, major)
+    if proc.returncode != 0:
+        raise HelmError(proc.stderr.strip())
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    return Rendered(docs, proc.stdout)
+
+
+def render(
+    *values_files: Path | str,
+    major: int = 4,
+    chart: Path = CHART,
+    extra: tuple[str, ...] = (),
+    **sets: Any,
+) -> Rendered:
+    """`helm template` with values files and `--set-json key=value` pairs (dots in keys via
+    `__`, e.g. loading__mode="local"). Raises HelmError with helm's message on failure."""
+    pairs = tuple(sorted((k.replace("__", "."), json.dumps(v)) for k, v in sets.items()))
+    return _render(tuple(str(f) for f in values_files), pairs, major, str(chart), extra)
+
+
+def scenario_id(path: Path) -> str:
+    return path.name.removesuffix("-values.yaml")
+
+
+def scenario_values(path: Path) -> dict[str, Any]:
+    """The chart's values.yaml merged with the scenario (what the templates saw)."""
+    base = yaml.safe_load((CHART / "values.yaml").read_text())
+    return _merge(base, yaml.safe_load(path.read_text()) or {})
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,500 @@
+"""Assertions per concern on the objects every CI scenario renders.
+
+Each test reads the rendered objects and the values the scenario set, and recomputes what
+the chart must have derived (TP everywhere, startup budget, grace period) independently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+from chartkit import CHART, Rendered, render
+
+SHARDED = {"shardedState", "runaiStreamerSharded"}
+S3_MODES = {"runaiStreamer", "runaiStreamerSharded"}
+T = TypeVar("T")
+LOAD_FORMATS = {
+    "local": None,
+    "runaiStreamer": "runai_streamer",
+    "shardedState": "sharded_state",
+    "runaiStreamerSharded": "runai_streamer_sharded",
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def need(value: T | None, what: str = "value") -> T:
+    assert value is not None, f"missing {what}"
+    return value
+
+
+def pod_spec(rendered: Rendered) -> dict[str, Any]:
+    return rendered.one("Deployment")["spec"]["template"]["spec"]
+
+
+def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        if c["name"] == name:
+            return c
+    raise AssertionError(f"no container {name!r}")
+
+
+def arg(c: dict[str, Any], flag: str) -> str | None:
+    args = c.get("args", c.get("command", []))
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def env_value(c: dict[str, Any], name: str) -> str | None:
+    e = env(c).get(name)
+    return None if e is None else e.get("value")
+
+
+def tp_of(values: dict[str, Any]) -> int:
+    return values.get("tensorParallelSize") or 1
+
+
+def shard_containers(rendered: Rendered) -> list[dict[str, Any]]:
+    out = [
+        c for job in rendered.of_kind("Job") for c in job["spec"]["template"]["spec"]["containers"]
+    ]
+    out += [c for c in pod_spec(rendered).get("initContainers", []) if c["name"] == "shard"]
+    return out
+
+
+def all_pod_specs(rendered: Rendered) -> list[dict[str, Any]]:
+    specs = [pod_spec(rendered)]
+    specs += [j["spec"]["template"]["spec"] for j in rendered.of_kind("Job")]
+    specs += [p["spec"] for p in rendered.of_kind("Pod")]
+    return specs
+
+
+def mounted(c: dict[str, Any], path: str) -> bool:
+    return any(
+        path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+        for m in c.get("volumeMounts", [])
+    )
+
+
+# ---------------------------------------------------------------- tensor parallel
+
+
+def test_tp_drives_args_gpu_limit_shm_and_sidecar_info(rendered: Rendered, values: dict) -> None:
+    tp = tp_of(values)
+    spec = pod_spec(rendered)
+    vllm = container(spec, "vllm")
+    assert arg(vllm, "--tensor-parallel-size") == str(tp)
+    limits = vllm["resources"].get("limits", {})
+    if values["accelerator"]["type"] == "gpu":
+        assert limits["nvidia.com/gpu"] == tp
+    else:
+        assert not any("gpu" in k for k in limits), "CPU variant must not request accelerators"
+    shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert shm["emptyDir"]["sizeLimit"] == f"{tp * values['scratch']['shmGiBPerRank']}Gi"
+    assert mounted(vllm, "/dev/shm")
+    assert env_value(
+        container(spec, "sidecar"), "MINISTREAM_SIDECAR_INFO_TENSOR_PARALLEL_SIZE"
+    ) == str(tp)
+
+
+def test_shard_preparation_uses_the_same_tp(rendered: Rendered, values: dict) -> None:
+    mode, prepare = values["loading"]["mode"], values["loading"]["sharded"]["prepare"]["mode"]
+    shards = shard_containers(rendered)
+    if mode not in SHARDED or prepare == "none":
+        assert not shards and not rendered.of_kind("Job")
+        return
+    assert len(shards) == 1
+    (shard,) = shards
+    tp = values["tensorParallelSize"]
+    assert shard["command"][:2] == ["ministream", "shard"]
+    assert arg(shard, "--tensor-parallel-size") == str(tp)
+    # It writes exactly what vLLM then serves.
+    assert arg(shard, "--output") == arg(container(pod_spec(rendered), "vllm"), "--model")
+    if prepare == "job":
+        job = rendered.one("Job")
+        hooks = job["metadata"]["annotations"]["helm.sh/hook"].split(",")
+        assert set(hooks) == {"pre-install", "pre-upgrade"}
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+        # A pre-install hook runs before the chart's ServiceAccount exists.
+        assert "serviceAccountName" not in job["spec"]["template"]["spec"]
+    else:
+        init_names = [c["name"] for c in pod_spec(rendered)["initContainers"]]
+        assert init_names.index("shard") < init_names.index("sidecar")
+
+
+def test_default_shard_location_names_the_tp(rendered: Rendered, values: dict) -> None:
+    model = need(arg(container(pod_spec(rendered), "vllm"), "--model"))
+    if values["loading"]["mode"] in SHARDED and not values["loading"]["sharded"]["path"]:
+        assert model.endswith(f"-tp{values['tensorParallelSize']}")
+    elif values["loading"]["mode"] in SHARDED:
+        assert model.endswith(values["loading"]["sharded"]["path"])
+
+
+# ---------------------------------------------------------------- loading modes
+
+
+def test_load_format_and_model_location(rendered: Rendered, values: dict) -> None:
+    loading = values["loading"]
+    vllm = container(pod_spec(rendered), "vllm")
+    assert vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert arg(vllm, "--load-format") == LOAD_FORMATS[loading["mode"]]
+    assert arg(vllm, "--served-model-name") == values["model"]["name"]
+    assert arg(vllm, "--port") == "8000"
+    assert arg(vllm, "--shutdown-timeout") == str(values["vllm"]["shutdownTimeoutSeconds"])
+    model = need(arg(vllm, "--model"))
+    if loading["mode"] in S3_MODES:
+        assert model.startswith(f"s3://{loading['s3']['bucket']}/")
+        assert not mounted(vllm, loading["local"]["mountPath"])
+    else:
+        assert model.startswith(loading["local"]["mountPath"] + "/")
+        mount = next(m for m in vllm["volumeMounts"] if m["name"] == "model")
+        assert mount["readOnly"] is True
+    if loading["mode"] == "runaiStreamer":
+        extra = json.loads(need(arg(vllm, "--model-loader-extra-config")))
+        assert extra == {
+            "concurrency": loading["s3"]["concurrency"],
+            "memory_limit": loading["s3"]["memoryLimit"],
+        }
+    else:
+        # vLLM's sharded loaders reject any extra-config key but "pattern".
+        assert arg(vllm, "--model-loader-extra-config") is None
+
+
+def test_s3_settings_reach_vllm_and_shard_preparation(rendered: Rendered, values: dict) -> None:
+    s3, mode = values["loading"]["s3"], values["loading"]["mode"]
+    users = [container(pod_spec(rendered), "vllm"), *shard_containers(rendered)]
+    for c in users:
+        e = env(c)
+        if mode not in S3_MODES:
+            assert not any(n.startswith(("AWS_", "RUNAI_")) for n in e), c["name"]
+            continue
+        assert env_value(c, "AWS_ENDPOINT_URL") == env_value(c, "RUNAI_STREAMER_S3_ENDPOINT")
+        assert env_value(c, "AWS_ENDPOINT_URL") == (s3["endpoint"] or None)
+        assert env_value(c, "AWS_REGION") == s3["region"]
+        assert env_value(c, "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING") == (
+            "1" if s3["virtualAddressing"] else "0"
+        )
+        assert env_value(c, "RUNAI_STREAMER_CONCURRENCY") == str(s3["concurrency"])
+        assert env_value(c, "RUNAI_STREAMER_MEMORY_LIMIT") == str(s3["memoryLimit"])
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            ref = e[name]["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == s3["credentials"]["existingSecret"]
+        ca = s3["caBundle"]
+        if ca["configMapName"] or ca["secretName"]:
+            bundle = need(env_value(c, "AWS_CA_BUNDLE"))
+            assert bundle.endswith("/" + ca["key"]) and mounted(c, bundle)
+        else:
+            assert "AWS_CA_BUNDLE" not in e
+
+
+def test_model_hash_pin_reaches_vllm_and_shard_preparation(rendered: Rendered,
+                                                           values: dict) -> None:
+    pinned = values["model"]["hash"] or None
+    for c in [container(pod_spec(rendered), "vllm"), *shard_containers(rendered)]:
+        assert env_value(c, "MINISTREAM_MODEL_HASH") == pinned, c["name"]
+    sidecar = container(pod_spec(rendered), "sidecar")
+    assert env_value(sidecar, "MINISTREAM_MODEL_HASH") is None
+
+
+# ---------------------------------------------------------------- probes
+
+
+def startup_budget(values: dict) -> int:
+    """The documented formula (README, values.yaml), recomputed here."""
+    s, mode = values["probes"]["startup"], values["loading"]["mode"]
+    load = values["model"]["sizeGiB"] * s["secondsPerGiB"][mode]
+    if mode in SHARDED:
+        load /= values["tensorParallelSize"]
+    return s["baseSeconds"] + math.ceil(load)
+
+
+def test_probe_targets(rendered: Rendered) -> None:
+    spec = pod_spec(rendered)
+    vllm = container(spec, "vllm")
+    assert vllm["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in vllm["ports"]
+    # Readiness and liveness are the sidecar's verdicts, probed from the vLLM container so a
+    # liveness failure restarts vLLM.
+    assert vllm["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
+    assert vllm["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8081}
+    sidecar = container(spec, "sidecar")
+    assert env_value(sidecar, "MINISTREAM_SIDECAR_PORT") == "8081"
+    assert env_value(sidecar, "MINISTREAM_SIDECAR_VLLM_URL") == "http://127.0.0.1:8000"
+    assert "livenessProbe" not in sidecar, (
+        "a sidecar liveness probe would restart the wrong process"
+    )
+
+
+def test_startup_budget_follows_mode_and_size(rendered: Rendered, values: dict) -> None:
+    probe = container(pod_spec(rendered), "vllm")["startupProbe"]
+    budget = startup_budget(values)
+    assert probe["failureThreshold"] == math.ceil(budget / probe["periodSeconds"])
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= budget
+    assert rendered.one("Deployment")["spec"]["progressDeadlineSeconds"] >= budget
+
+
+# ---------------------------------------------------------------- drain and grace
+
+
+def test_drain_and_grace_period_arithmetic(rendered: Rendered, values: dict) -> None:
+    spec = pod_spec(rendered)
+    drain = values["sidecar"]["drainTimeoutSeconds"]
+    shutdown = values["vllm"]["shutdownTimeoutSeconds"]
+    margin = values["shutdown"]["marginSeconds"]
+    grace = spec["terminationGracePeriodSeconds"]
+    assert grace >= drain + shutdown + margin
+    if values["terminationGracePeriodSeconds"] is None:
+        assert grace == drain + shutdown + margin
+    else:
+        assert grace == values["terminationGracePeriodSeconds"]
+    sidecar, vllm = container(spec, "sidecar"), container(spec, "vllm")
+    assert env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_TIMEOUT_SECONDS") == str(drain)
+    # The drain's minimum wait (endpoint propagation) is inside the drain timeout.
+    assert float(need(env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_GRACE_SECONDS"))) <= drain
+    hook = vllm["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"]
+    script = hook[2]
+    assert "http://127.0.0.1:8081/drain" in script and 'method="POST"' in script
+    # The client waits a little longer than the sidecar's own drain timeout.
+    assert int(need(re.search(r"timeout=(\d+)", script)).group(1)) > drain
+    compile(script, "preStop", "exec")  # the hook is valid Python
+
+
+def test_sidecar_outlives_vllm_during_drain(rendered: Rendered) -> None:
+    """A native sidecar stops only after the main containers: /drain stays reachable."""
+    spec = pod_spec(rendered)
+    sidecar = container(spec, "sidecar")
+    assert sidecar in spec["initContainers"] and sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"] == ["ministream-sidecar"]
+    assert [c["name"] for c in spec["containers"]] == ["vllm"]
+
+
+def test_sidecar_token_guards_drain(rendered: Rendered, values: dict) -> None:
+    spec = pod_spec(rendered)
+    secret = values["sidecar"]["token"]["existingSecret"]
+    for c in (container(spec, "sidecar"), container(spec, "vllm")):
+        e = env(c).get("MINISTREAM_SIDECAR_TOKEN")
+        if secret:
+            assert need(e)["valueFrom"]["secretKeyRef"]["name"] == secret
+        else:
+            assert e is None
+
+
+# ---------------------------------------------------------------- secrets and security
+
+
+def test_secrets_only_by_reference(rendered: Rendered, values: dict) -> None:
+    assert not rendered.of_kind("Secret"), "the chart must never create Secrets"
+    sensitive = re.compile(r"API_KEY|ACCESS_KEY|SECRET|TOKEN$|PASSWORD", re.I)
+    for spec in all_pod_specs(rendered):
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            for e in c.get("env", []):
+                if sensitive.search(e["name"]):
+                    assert "value" not in e, f"{c['name']}: {e['name']} set literally"
+                    assert "secretKeyRef" in e["valueFrom"], e
+    vllm = container(pod_spec(rendered), "vllm")
+    if values["apiKey"]["enabled"]:
+        ref = env(vllm)["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": values["apiKey"]["existingSecret"], "key": values["apiKey"]["key"]}
+        sidecar_ref = env(container(pod_spec(rendered), "sidecar"))["MINISTREAM_SIDECAR_API_KEY"]
+        assert sidecar_ref["valueFrom"]["secretKeyRef"] == ref
+    else:
+        assert "VLLM_API_KEY" not in env(vllm)
+
+
+def test_security_context_hardened(rendered: Rendered) -> None:
+    for spec in all_pod_specs(rendered):
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        assert not spec.get("hostNetwork") and not spec.get("hostPID")
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+            assert "add" not in sc["capabilities"], c["name"]
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, c["name"]
+            assert not sc.get("privileged"), c["name"]
+
+
+def test_every_writable_path_is_a_volume(rendered: Rendered) -> None:
+    vllm = container(pod_spec(rendered), "vllm")
+    for name in (
+        "HOME",
+        "HF_HOME",
+        "VLLM_CACHE_ROOT",
+        "TRITON_CACHE_DIR",
+        "PROMETHEUS_MULTIPROC_DIR",
+    ):
+        path = env_value(vllm, name)
+        assert path and mounted(vllm, path), f"{name}={path} is not on a mounted volume"
+    assert mounted(vllm, "/tmp") and mounted(vllm, "/dev/shm")
+    for c in [container(pod_spec(rendered), "sidecar"), *shard_containers(rendered)]:
+        assert mounted(c, "/tmp"), c["name"]
+
+
+def test_compile_cache_volume(rendered: Rendered, values: dict) -> None:
+    vol = next(v for v in pod_spec(rendered)["volumes"] if v["name"] == "compile-cache")
+    cc = values["persistence"]["compileCache"]
+    if cc["enabled"]:
+        claim = vol["persistentVolumeClaim"]["claimName"]
+        if not cc["existingClaim"]:
+            pvc = rendered.one("PersistentVolumeClaim")
+            assert pvc["metadata"]["name"] == claim
+            assert pvc["spec"]["accessModes"] == cc["accessModes"]
+    else:
+        assert "emptyDir" in vol and not rendered.of_kind("PersistentVolumeClaim")
+
+
+def test_service_account_token_only_in_sidecar(rendered: Rendered, values: dict) -> None:
+    spec = pod_spec(rendered)
+    sa_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert not mounted(container(spec, "vllm"), sa_path)
+    assert mounted(container(spec, "sidecar"), sa_path) == values["sidecar"]["events"]["enabled"]
+    sidecar_env = env(container(spec, "sidecar"))
+    assert sidecar_env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert (
+        sidecar_env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    )
+
+
+def test_rbac_is_minimal_and_switchable(rendered: Rendered, values: dict) -> None:
+    wanted = values["rbac"]["create"] and values["sidecar"]["events"]["enabled"]
+    assert bool(rendered.of_kind("Role")) == wanted == bool(rendered.of_kind("RoleBinding"))
+    if wanted:
+        (rule,) = rendered.one("Role")["rules"]
+        assert rule["resources"] == ["events"]
+        assert sorted(rule["verbs"]) == ["create", "patch"]
+        binding = rendered.one("RoleBinding")
+        assert binding["roleRef"]["name"] == rendered.one("Role")["metadata"]["name"]
+        assert binding["subjects"][0]["name"] == pod_spec(rendered)["serviceAccountName"]
+
+
+# ---------------------------------------------------------------- rollout, service, labels
+
+
+def test_rollout_mode(rendered: Rendered, values: dict) -> None:
+    strategy = rendered.one("Deployment")["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    expected = {
+        "surge": {"maxSurge": 1, "maxUnavailable": 0},
+        "inPlace": {"maxSurge": 0, "maxUnavailable": 1},
+    }[values["rollout"]["mode"]]
+    assert strategy["rollingUpdate"] == expected
+
+
+def test_service_pdb_and_selectors(rendered: Rendered) -> None:
+    deployment = rendered.one("Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert not any("version" in k or k == "helm.sh/chart" for k in selector), selector
+    service = rendered.one("Service")
+    assert service["spec"]["selector"] == selector
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["http"]["port"] == 8000 and ports["http"]["targetPort"] == "http"
+    assert ports["sidecar"]["port"] == 8081 and ports["sidecar"]["targetPort"] == 8081
+    pdb = rendered.one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+    # Other pods of the release (shard Job, test) must not count as serving pods.
+    for spec_owner in rendered.of_kind("Job") + rendered.of_kind("Pod"):
+        labels = (
+            spec_owner.get("spec", {})
+            .get("template", {})
+            .get("metadata", {})
+            .get("labels", spec_owner["metadata"]["labels"])
+        )
+        assert not selector.items() <= labels.items()
+
+
+def test_names_fit_63_characters(scenario: Path) -> None:
+    long = render(scenario, fullnameOverride="x" * 80)
+    for doc in long.docs:
+        assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+    for doc in render(scenario).docs:
+        for value in doc["metadata"].get("labels", {}).values():
+            assert len(str(value)) <= 63
+
+
+def test_network_policy(rendered: Rendered, values: dict) -> None:
+    policies = rendered.of_kind("NetworkPolicy")
+    assert bool(policies) == values["networkPolicy"]["enabled"]
+    for policy in policies:
+        ports = sorted(r["ports"][0]["port"] for r in policy["spec"]["ingress"])
+        assert ports == [8000, 8081]
+        selector = rendered.one("Deployment")["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["podSelector"]["matchLabels"] == selector
+
+
+# ---------------------------------------------------------------- monitoring
+
+
+def test_monitoring_switches(rendered: Rendered, values: dict) -> None:
+    m = values["monitoring"]
+    assert bool(rendered.of_kind("ServiceMonitor")) == m["serviceMonitor"]["enabled"]
+    assert bool(rendered.of_kind("PodMonitor")) == m["podMonitor"]["enabled"]
+    assert bool(rendered.of_kind("PrometheusRule")) == m["prometheusRule"]["enabled"]
+    assert bool(rendered.of_kind("ConfigMap")) == m["dashboards"]["enabled"]
+
+
+def test_monitors_scrape_vllm_and_sidecar(rendered: Rendered) -> None:
+    service = rendered.of_kind("Service")[0]
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
+    for sm in rendered.of_kind("ServiceMonitor"):
+        assert (
+            sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        )
+        ports = [e["port"] for e in sm["spec"]["endpoints"]]
+        assert sorted(ports) == ["http", "sidecar"] and set(ports) <= service_ports
+        assert {e["path"] for e in sm["spec"]["endpoints"]} == {"/metrics"}
+    for pm in rendered.of_kind("PodMonitor"):
+        endpoints = pm["spec"]["podMetricsEndpoints"]
+        assert [e.get("port") or e.get("portNumber") for e in endpoints] == ["http", 8081]
+
+
+def test_dashboards_configmap_holds_every_dashboard(rendered: Rendered) -> None:
+    for cm in rendered.of_kind("ConfigMap"):
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+        assert sorted(cm["data"]) == files
+        for name, text in cm["data"].items():
+            assert json.loads(text)["title"], name
+
+
+def test_prometheus_rule_groups_come_from_rule_files(rendered: Rendered) -> None:
+    for rule in rendered.of_kind("PrometheusRule"):
+        groups = rule["spec"]["groups"]
+        assert groups and all(g["rules"] for g in groups)
+        for g in groups:
+            for r in g["rules"]:
+                assert 'namespace="serving"' in r["expr"], r["expr"]
+                assert "{{" not in r["expr"]
+
+
+# ---------------------------------------------------------------- helm test
+
+
+def test_helm_test_pod_lists_models_and_completes(rendered: Rendered, values: dict) -> None:
+    (pod,) = rendered.of_kind("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    c = pod["spec"]["containers"][0]
+    script = c["command"][2]
+    compile(script, "helm-test", "exec")
+    assert "/v1/models" in script and "/v1/completions" in script
+    service = rendered.one("Service")
+    assert env_value(c, "BASE_URL") == (
+        f"http://{service['metadata']['name']}.serving.svc:{values['service']['port']}"
+    )
+    assert env_value(c, "MODEL") == values["model"]["name"]
+    assert ("API_KEY" in env(c)) == values["apiKey"]["enabled"]

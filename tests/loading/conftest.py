@@ -1,0 +1,110 @@
+"""Session fixtures for the loading paths: a real S3 server, the model there, shard sets.
+
+The S3 server is moto in server mode (`tests/support/s3_server.py`), a separate process on
+127.0.0.1, with signature and IAM checks on, stopped by PID at teardown. Each expensive
+artefact (upload, shard run, local TP=1 serve) is made once per session and shared.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ministream.convert import convert
+from ministream.demo import write_demo_checkpoint
+from tests.loading.helpers import Served, serve
+from tests.support.models import ModelFactory
+from tests.support.s3_server import S3Server
+
+BUCKET = "models"
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3"), auth=True).start()
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_env(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for processes that talk to the S3 server (vLLM, the CLI)."""
+    # vLLM mirrors an S3 model's config into VLLM_ASSETS_CACHE/model_streamer/<url hash>.
+    return {**s3.env(), "VLLM_ASSETS_CACHE": str(tmp_path_factory.mktemp("vllm-assets"))}
+
+
+@pytest.fixture
+def aws(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The S3 server's environment in this process (for in-process upload/shard calls)."""
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    return s3_env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True,
+            timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "ministream.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout,
+                          check=False)
+    if check and proc.returncode != 0:
+        pytest.fail(f"ministream {' '.join(args)} failed ({proc.returncode}):\n"
+                    f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def convert_split(raw: Path, out: Path) -> Path:
+    """float32 tiny model in three safetensors files, so one can go missing 'in the middle'."""
+    convert(raw / "model.pt", raw / "train_config.json", raw / "tokenizer", out,
+            dtype="float32", max_shard_size="600KB", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def model_dir(models: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return convert_split(models.raw("tiny"), tmp_path_factory.mktemp("loading") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same preset and shapes, other weights (seed 1): shards of it load without complaint."""
+    root = tmp_path_factory.mktemp("other")
+    write_demo_checkpoint("tiny", root / "raw", seed=1)
+    return convert_split(root / "raw", root / "tiny-seed1")
+
+
+@pytest.fixture(scope="session")
+def model_url(s3_env: dict[str, str], model_dir: Path) -> str:
+    url = f"s3://{BUCKET}/tiny"
+    run_cli("upload", str(model_dir), url, "--quiet", env=s3_env)
+    return url
+
+
+@pytest.fixture(scope="session")
+def shards_tp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards") / "tiny-tp2"
+    run_cli("shard", "--model", str(model_dir), "--tensor-parallel-size", "2",
+            "--output", str(out), "--quiet")
+    return out
+
+
+@pytest.fixture(scope="session")
+def shards_tp2_url(s3_env: dict[str, str], model_url: str) -> str:
+    """Sharded straight from S3 to S3: ranks stream the source with runai_streamer."""
+    url = f"s3://{BUCKET}/tiny-tp2"
+    run_cli("shard", "--model", model_url, "--tensor-parallel-size", "2", "--output", url,
+            "--quiet", env=s3_env)
+    return url
+
+
+@pytest.fixture(scope="session")
+def baseline(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """The local TP=1 load every other path must match."""
+    return serve(str(model_dir), tmp_path_factory.mktemp("logs") / "local-tp1.log")

@@ -1,0 +1,140 @@
+"""The rolling-restart experiment, CI-sized: 2 replicas of the tiny model (real vLLM CPU + the
+real sidecar each) behind real HAProxy, constant streaming load, pods replaced as the chart's
+rollout does it, with the chart's timing values.
+
+- with the preStop drain, in the chart's default `surge` mode: zero failed requests;
+- the control run without it (`--no-drain`): failures, traced to the terminating pods.
+Counts are checked against the engine's raw per-request records and HAProxy's access log.
+
+CI sizes (the full experiment is `make bench-serve`, docs/benchmarks.md): a surge pod starts
+beside two serving engines on two cores, which takes 5-6 min, so the drain run replaces one
+pod of two; the control run replaces both in `inPlace` mode, where each new pod starts alone
+on the core its predecessor freed (about 2 min). The two runs are sequential.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ministream_loadtest.haproxy import find_haproxy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+# Poisson arrivals per second through HAProxy. Any request in flight keeps a CPU engine busy,
+# so a higher rate does not starve a starting pod more; it only lengthens the run.
+RATE = "4"
+# The control run's endpoint lag (the default is 2 s): a request reaches a pod that already got
+# SIGTERM only within it. At 2 s, runs lost 3-6 requests over two restarts, so P(none) was a
+# few percent; at 6 s about 3x as many are expected, and P(none) is far below 1e-4.
+CONTROL_ENDPOINT_LAG = "6"
+VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+
+
+def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
+    find_haproxy()  # a missing HAProxy fails here, naming scripts/install_haproxy.sh
+    output = out / "rollout.json"
+    cmd = [sys.executable, "-m", "ministream_loadtest", "rollout", "--replicas", "2",
+           "--output", str(output), "--model", str(model), "--served-model-name",
+           "ministream-tiny", "--rate", RATE, *extra, "--", *VLLM_ARGS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=3300)
+    except BaseException:  # timeout or Ctrl-C: SIGTERM lets the command stop its pods
+        proc.terminate()
+        proc.communicate(timeout=120)
+        raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    report: dict[str, Any] = json.loads(output.read_text())
+    report["_raw"] = json.loads(Path(report["load"]["raw_result"]).read_text())
+    return report
+
+
+@pytest.fixture(scope="module")
+def with_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_rollout(tiny_model_dir, tmp_path_factory.mktemp("rollout-drain"),
+                       "--rollout-mode", "surge", "--restarts", "1")
+
+
+@pytest.fixture(scope="module")
+def without_drain(tiny_model_dir: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_rollout(tiny_model_dir, tmp_path_factory.mktemp("rollout-nodrain"), "--no-drain",
+                       "--rollout-mode", "inPlace", "--endpoint-lag", CONTROL_ENDPOINT_LAG)
+
+
+def check_counts_against_raw(report: dict[str, Any]) -> None:
+    raw = report["_raw"]
+    for key in ("sent", "succeeded", "failed"):
+        assert type(report[key]) is int, key
+    assert report["sent"] == len(raw["start_times"]) <= report["load"]["max_requests"]
+    assert report["sent"] == report["succeeded"] + report["failed"]
+    assert report["succeeded"] <= raw["completed"]  # the engine's own count
+    assert report["failed"] >= raw["failed"]
+    assert sum(report["failures_by_cause"].values()) == report["failed"]
+    # Every request went through HAProxy, which agrees on each outcome.
+    check = report["access_log_check"]
+    assert check["matched"] == report["sent"] and check["status_disagreements"] == []
+    # The window's percentiles by hand from the raw records.
+    t0, window = report["t0_perf_counter"], report["restart_window"]
+    inside = [i for i, s in enumerate(raw["start_times"])
+              if window["start_s"] <= s - t0 <= window["end_s"]]
+    assert window["sent"] == len(inside) > 0
+    good = [raw["latencies"][i] * 1000 for i in inside if not raw["errors"][i]]
+    if good and window["failed"] == 0:
+        assert window["e2el_ms"]["p99"] == pytest.approx(np.percentile(good, 99), abs=1e-3)
+        assert window["e2el_ms"]["p50"] == pytest.approx(np.median(good), abs=1e-3)
+
+
+def test_rolling_restart_with_drain_drops_no_request(with_drain: dict[str, Any]) -> None:
+    report = with_drain
+    assert report["drain"] is True and report["restarts"] == 1
+    assert report["rollout_mode"] == "surge"
+    assert report["failed"] == 0, report["failures"]
+    assert report["failures_by_cause"] == {}
+    assert report["load_covered_rollout"]
+    check_counts_against_raw(report)
+    window = report["restart_window"]
+    assert window["failed"] == 0 and window["succeeded"] == window["sent"]
+    for metric in ("ttft_ms", "itl_ms", "e2el_ms"):
+        assert window[metric]["p50"] <= window[metric]["p95"] <= window[metric]["p99"]
+    pods = {p["name"]: p for p in report["pods"]}
+    assert set(pods) == {"v1-0", "v1-1", "v2-0"}
+    old, new, kept = pods["v1-0"], pods["v2-0"], pods["v1-1"]
+    # surge: the new pod was ready before the old one began terminating.
+    assert new["ready_s"] is not None and new["ready_s"] <= old["terminating_s"]
+    assert new["terminating_s"] is None and kept["terminating_s"] is None
+    assert old["prestop"]["status"] == 200
+    assert old["prestop"]["body"]["outcome"] == "idle"
+    assert old["prestop"]["seconds"] >= report["chart_timings"]["drain_min_seconds"] - 0.5
+    assert not old["sigkilled"]
+    assert old["sigterm_s"] - old["terminating_s"] == pytest.approx(
+        old["prestop"]["seconds"], abs=1.0)
+
+
+def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any]) -> None:
+    report = without_drain
+    assert report["drain"] is False and report["restarts"] == 2
+    assert report["rollout_mode"] == "inPlace" and report["endpoint_lag_s"] == 6
+    assert report["failed"] > 0
+    check_counts_against_raw(report)
+    # vLLM answers 500 to new requests once it has SIGTERM, while its /health (and so the
+    # pod's readiness) stays OK: only the endpoint removal stops them.
+    assert "http_500" in report["failures_by_cause"]
+    assert set(report["failures_by_pod"]) <= {"v1-0", "v1-1"}
+    pods = {p["name"]: p for p in report["pods"]}
+    raw = report["_raw"]
+    for failure in report["failures"]:
+        pod = pods[failure["pod"]]
+        assert pod["prestop"] is None
+        # Sent after SIGTERM and before the endpoint removal; or just before SIGTERM and
+        # ended without a token (e.g. 0.45 s before, HAProxy status 200, no chunk).
+        lead = 2.0 if failure["cause"] == "no_tokens" else 0.5
+        assert pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"] + 0.5
+        assert raw["errors"][int(failure["request_id"].rsplit("-", 1)[1])]

@@ -1,0 +1,228 @@
+"""The live stack of the observability tests: the session's real vLLM server (tests/conftest.py),
+the real sidecar as a subprocess (`ministream-sidecar`), and a real Prometheus scraping both
+every second with our alert rules loaded. Started once; `live` also drives warmup, load and
+two drains through it, so every panel has something to show.
+
+The scrape config attaches `namespace` and `pod` labels to both targets, as a ServiceMonitor or
+PodMonitor does in a cluster (there is no Kubernetes here); everything else is real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from promkit import (
+    NAMESPACE,
+    POD,
+    ROOT,
+    LiveStack,
+    PrometheusServer,
+    ScrapeTarget,
+    free_port,
+)
+
+from ministream_observability.generate import RULES_FILE
+
+
+@dataclass
+class SidecarProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=kwargs.pop("timeout", 120), **kwargs)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def sidecar_process(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[SidecarProcess]:
+    """`ministream-sidecar` (the console script users run) next to the session's vLLM.
+
+    Warmup on start is off: the test posts /warmup after Prometheus has scraped the sidecar
+    once, so the warmup counters are seen at 0 before they move (as in a cluster, where the
+    sidecar is scraped long before vLLM has loaded its weights)."""
+    port = free_port()
+    script = Path(sys.executable).with_name("ministream-sidecar")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "ministream_sidecar"]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MINISTREAM_SIDECAR_") and k not in
+           {"KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "POD_UID"}}
+    env.update({
+        "MINISTREAM_SIDECAR_HOST": "127.0.0.1",
+        "MINISTREAM_SIDECAR_PORT": str(port),
+        "MINISTREAM_SIDECAR_VLLM_URL": vllm_server.url,
+        "MINISTREAM_SIDECAR_MODEL_NAME": vllm_server.served_name,
+        "MINISTREAM_SIDECAR_WARMUP_ON_START": "false",
+        "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
+        "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "2",
+        "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "32",
+        "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "8",
+        "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
+        "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
+        "MINISTREAM_SIDECAR_INFO_REVISION": "test",
+        "MINISTREAM_SIDECAR_LOG_LEVEL": "WARNING",
+    })
+    log_path = tmp_path_factory.mktemp("sidecar") / "sidecar.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child process
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    sidecar = SidecarProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sidecar exited {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{sidecar.url}/livez", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sidecar not live:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield sidecar
+    finally:
+        sidecar.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus(vllm_server: Any, sidecar_process: SidecarProcess,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    labels = {"namespace": NAMESPACE, "pod": POD}
+    server = PrometheusServer(
+        workdir=tmp_path_factory.mktemp("prometheus"),
+        targets=[
+            ScrapeTarget("vllm", f"127.0.0.1:{vllm_server.port}", {**labels, "container": "vllm"}),
+            ScrapeTarget("sidecar", sidecar_process.url.removeprefix("http://"),
+                         {**labels, "container": "sidecar"}),
+        ],
+        rule_files=[ROOT / RULES_FILE],
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _completion(client: httpx.Client, model: str, prompt: list[int], max_tokens: int) -> None:
+    r = client.post("/v1/completions", json={"model": model, "prompt": prompt,
+                                              "max_tokens": max_tokens, "temperature": 0,
+                                              "ignore_eos": True}, timeout=300)
+    r.raise_for_status()
+
+
+def _load(vllm: Any, seconds: float, concurrency: int) -> int:
+    """Completions for `seconds` from `concurrency` threads; a 200-token shared prefix (more
+    than one 128-token CPU KV block) gives the prefix cache something to hit."""
+    prefix = [(7 * i) % 97 + 1 for i in range(200)]
+    stop = time.monotonic() + seconds
+    sent = [0] * concurrency
+
+    def worker(n: int) -> None:
+        with httpx.Client(base_url=vllm.url) as client:
+            while time.monotonic() < stop:
+                suffix = [(n * 13 + sent[n] * 5 + i) % 97 + 1 for i in range(8)]
+                _completion(client, vllm.served_name, prefix + suffix, 16 + 8 * (sent[n] % 3))
+                sent[n] += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(sent)
+
+
+def _wait_running(url: str, timeout: float = 60) -> None:
+    """Until vLLM's own gauge shows a running request (what the drain polls, too)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("vllm:num_requests_running{") and float(line.split()[-1]) > 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError("no request showed up as running in vLLM's metrics")
+
+
+class BusyEngine:
+    """Long completions from staggered threads while the `with` block runs: vLLM is never idle.
+
+    One long request is not enough: the tiny model generates 480 tokens in about a second,
+    which can end before a /metrics poll sees it running (it did, in CI)."""
+
+    def __init__(self, vllm: Any, threads: int = 2) -> None:
+        self._vllm = vllm
+        self._stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+
+    def _loop(self) -> None:
+        with httpx.Client(base_url=self._vllm.url) as client:
+            while not self._stop.is_set():
+                try:
+                    _completion(client, self._vllm.served_name, [5] * 16, 480)
+                except httpx.HTTPError as e:
+                    self.errors.append(e)
+                    return
+
+    def __enter__(self) -> BusyEngine:
+        for t in self._threads:
+            t.start()
+            time.sleep(0.3)  # staggered, so the two never finish together
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(300)
+        if exc_type is None:  # an error inside the block is the one to report
+            assert not self.errors, f"the busy-engine requests failed: {self.errors}"
+
+
+@pytest.fixture(scope="session")
+def live(vllm_server: Any, sidecar_process: SidecarProcess,
+         prometheus: PrometheusServer) -> LiveStack:
+    """Warmup, load at two concurrencies, an idle drain and a timed-out drain, all scraped."""
+    started = time.time()
+    for job in ("vllm", "sidecar"):
+        prometheus.wait_for(f'up{{job="{job}"}} == 1', 60, f"first scrape of {job}")
+    prometheus.wait_for('ministream_warmup_runs_total{outcome="success"} == 0', 30,
+                        "warmup counter at 0 before warmup")
+    r = sidecar_process.post("/warmup")
+    assert r.status_code == 200, r.text
+    prometheus.wait_for("ministream_ready == 1", 30, "readiness scraped")
+    assert _load(vllm_server, 15, 1) > 0
+    assert _load(vllm_server, 20, 4) > 0
+    time.sleep(3)
+    # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
+    r = sidecar_process.post("/drain")
+    assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
+    with BusyEngine(vllm_server):
+        _wait_running(vllm_server.url)
+        r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
+    assert r.status_code == 200 and r.json()["outcome"] == "timeout", r.text
+    prometheus.wait_for('ministream_drains_total{outcome="timeout"} == 1', 30, "timeout drain")
+    time.sleep(3)  # a few more scrapes and rule evaluations
+    return LiveStack(prometheus, started, time.time())

@@ -1,0 +1,174 @@
+"""Helpers of the observability tests: promtool, a real Prometheus server, the name checks.
+
+Prometheus and promtool come from Debian's `prometheus` package. Missing binaries fail the
+tests instead of skipping them: CI runs scripts/install_prometheus.sh first, so absence is a
+broken set-up, not a reason to go green.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from ministream_observability.catalog import CLUSTER_ONLY
+from ministream_observability.generate import Query
+from ministream_observability.promql import metric_names
+from tests.support.processes import stop_group
+
+ROOT = Path(__file__).resolve().parents[2]
+# Labels the live scrape config attaches, as a ServiceMonitor would in a cluster.
+NAMESPACE = "ministream-test"
+POD = "ms-ministream-6d5f8b7c9-x7k2p"  # <deployment>-<replicaset hash>-<pod hash>
+INSTALL_HINT = "run scripts/install_prometheus.sh (Debian's prometheus: prometheus, promtool)"
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found on PATH: {INSTALL_HINT}", pytrace=False)
+    return path
+
+
+def promtool(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([binary("promtool"), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def recording_rules_file(queries: Iterable[Query], path: Path) -> Path:
+    """Every query as a recording rule, so `promtool check rules` parses it."""
+    rules = [{"record": f"ministream_check:query_{i}", "expr": q.promql}
+             for i, q in enumerate(queries)]
+    path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}))
+    return path
+
+
+def missing_metrics(queries: Iterable[Query], present: set[str]) -> dict[str, list[str]]:
+    """Metric names the queries use that `present` lacks (cluster-only names exempt),
+    each with the queries that use it."""
+    missing: dict[str, list[str]] = {}
+    for q in queries:
+        for name in sorted(metric_names(q.promql) - present - CLUSTER_ONLY):
+            missing.setdefault(name, []).append(q.origin)
+    return missing
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    job: str
+    address: str  # host:port
+    labels: dict[str, str]
+
+
+@dataclass
+class PrometheusServer:
+    """A real Prometheus on 127.0.0.1, a free port and its own data dir, scraping every 1 s."""
+
+    workdir: Path
+    targets: Sequence[ScrapeTarget]
+    rule_files: Sequence[Path] = ()
+    interval: str = "1s"
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "prometheus.log"
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "global": {"scrape_interval": self.interval, "scrape_timeout": self.interval,
+                       "evaluation_interval": self.interval},
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": [
+                {"job_name": t.job, "static_configs": [{"targets": [t.address],
+                                                        "labels": t.labels}]}
+                for t in self.targets
+            ],
+        }
+
+    def start(self, timeout: float = 60) -> PrometheusServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "prometheus.yml"
+        config.write_text(yaml.safe_dump(self.config()))
+        check = promtool("check", "config", config)
+        assert check.returncode == 0, check.stdout + check.stderr
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(
+            [binary("prometheus"), f"--config.file={config}",
+             f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}",
+             "--storage.tsdb.retention.time=1d"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        stop_group(self.process)
+
+    def api(self, path: str, **params: Any) -> Any:
+        r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        body = r.json()
+        if r.status_code != 200 or body.get("status") != "success":
+            raise PromQLError(f"{path} {params}: {r.status_code} {body}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        data = self.api("query", **params)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def names(self) -> set[str]:
+        """Every metric name Prometheus has stored (what the scrapes really exported)."""
+        return set(self.api("label/__name__/values"))
+
+    def wait_for(self, expr: str, timeout: float = 60, what: str = "") -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise TimeoutError(f"{what or expr} did not return data within {timeout}s")
+
+
+class PromQLError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class LiveStack:
+    prom: PrometheusServer
+    started: float  # epoch seconds: Prometheus up, before any traffic
+    finished: float  # epoch seconds: load and drains done, scraped

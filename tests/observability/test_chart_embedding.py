@@ -1,0 +1,78 @@
+"""The chart ships the same dashboards and alerts as the plain files, narrowed to its release
+(real helm from .tools/bin, see scripts/install_tools.sh)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from promkit import ROOT, promtool
+
+from ministream_observability.alerts import ALL_NAMESPACES
+from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
+
+CHART = ROOT / "charts" / "ministream"
+VALUES = CHART / "ci" / "local-tp1-values.yaml"
+SELECTOR = 'namespace="serving", pod=~"ms-ministream-[a-z0-9]+-[a-z0-9]+"'
+
+
+def _helm() -> str:
+    for candidate in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm")):
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    pytest.fail("helm not found: run scripts/install_tools.sh", pytrace=False)
+
+
+def _render(*sets: str) -> list[dict[str, Any]]:
+    args = [_helm(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(VALUES)]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    return _render("monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true")
+
+
+def test_prometheus_rule_embeds_the_rule_file_for_this_release(
+        rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    (rule,) = [d for d in rendered if d["kind"] == "PrometheusRule"]
+    plain = yaml.safe_load((ROOT / RULES_FILE).read_text())["groups"]
+    by_name = {g["name"]: g for g in rule["spec"]["groups"]}
+    for group in plain:
+        shipped = by_name[group["name"]]["rules"]
+        assert len(shipped) == len(group["rules"])
+        for mine, theirs in zip(group["rules"], shipped, strict=True):
+            # Same rule, the all-namespaces matcher replaced by the release's selector;
+            # Prometheus templates in the annotations untouched (no `tpl`).
+            assert theirs["expr"] == mine["expr"].replace(ALL_NAMESPACES, SELECTOR)
+            assert ALL_NAMESPACES not in theirs["expr"]
+            assert {k: v for k, v in theirs.items() if k != "expr"} == \
+                   {k: v for k, v in mine.items() if k != "expr"}
+    # What the operator hands to Prometheus must parse, too.
+    path = tmp_path / "from-chart.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = promtool("check", "rules", path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboard_configmap_carries_the_generated_dashboards(
+        rendered: list[dict[str, Any]]) -> None:
+    (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"
+             and d["metadata"]["name"].endswith("-dashboards")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    files = {p.name: p.read_text() for p in (ROOT / DASHBOARD_DIR).glob("*.json")}
+    assert set(files) == {"ministream-serving.json", "ministream-fleet.json"}
+    assert cm["data"] == files
+
+
+def test_monitoring_objects_are_switchable() -> None:
+    kinds = {d["kind"] for d in _render()}
+    assert "PrometheusRule" not in kinds

@@ -1,0 +1,194 @@
+"""The sidecar's HTTP surface and state rules, against `FakeVLLM` (no engine needed).
+
+The fake stands in for vLLM here because these tests are about the sidecar's own rules
+(tokens, readiness reasons, retries, thresholds, drain timing) and need upstream behaviour
+a real engine cannot be told to show on demand (fail /health, report 2 running requests).
+The same behaviours against the real CPU engine are in test_sidecar_vllm.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+from sidecarkit import FakeVLLM, SidecarFactory, SidecarThread, sample, wait_for
+
+from ministream_sidecar.events import EventReason, EventType
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.events: list[tuple[EventReason, EventType, str]] = []
+
+    def emit(self, reason: EventReason, message: str, type_: EventType = EventType.NORMAL) -> None:
+        self.events.append((reason, type_, message))
+
+    async def aclose(self) -> None:
+        return None
+
+    @property
+    def reasons(self) -> list[EventReason]:
+        return [reason for reason, _, _ in self.events]
+
+
+def with_fake(start_sidecar: SidecarFactory, fake: FakeVLLM, events: Any = None,
+              **overrides: Any) -> SidecarThread:
+    app_kwargs: dict[str, Any] = {"transport": fake.transport()}
+    if events is not None:
+        app_kwargs["event_recorder"] = events
+    return start_sidecar(app_kwargs=app_kwargs, vllm_url="http://fake-vllm:8000",
+                         drain_idle_polls=1, **overrides)
+
+
+@pytest.mark.parametrize("path", ["/warmup", "/drain"])
+def test_token_missing_is_401_wrong_is_403(start_sidecar: SidecarFactory, path: str) -> None:
+    sidecar = with_fake(start_sidecar, FakeVLLM(), token="s3cret")
+    missing = sidecar.post(path)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json()["error"]["type"] == "token_missing"
+    assert sidecar.post(path, headers={"Authorization": "Basic czNjcmV0"}).status_code == 401
+    wrong = sidecar.post(path, headers={"Authorization": "Bearer s3cre"})
+    assert wrong.status_code == 403
+    assert wrong.json()["error"]["type"] == "token_invalid"
+    assert sidecar.post(path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_no_token_configured_means_open_and_probes_are_never_guarded(
+    start_sidecar: SidecarFactory,
+) -> None:
+    sidecar = with_fake(start_sidecar, FakeVLLM(), warmup_on_start=False)
+    assert sidecar.post("/warmup").status_code == 200
+    guarded = with_fake(start_sidecar, FakeVLLM(), token="t")
+    for path in ("/livez", "/readyz", "/metrics"):
+        assert guarded.get(path).status_code in (200, 503)  # never 401/403
+
+
+def test_api_key_is_sent_to_vllm(start_sidecar: SidecarFactory) -> None:
+    fake = FakeVLLM()
+    sidecar = with_fake(start_sidecar, fake, api_key="vllm-key", warmup_on_start=False)
+    assert sidecar.post("/warmup").status_code == 200
+    assert fake.seen_auth and set(fake.seen_auth) == {"Bearer vllm-key"}
+
+
+def test_readiness_reasons_follow_health_warmup_and_drain(start_sidecar: SidecarFactory) -> None:
+    fake = FakeVLLM(healthy=False)
+    sidecar = with_fake(start_sidecar, fake, warmup_on_start=False)
+    body = sidecar.get("/readyz").json()
+    assert body["reasons"] == ["upstream_unhealthy", "warmup_pending"]
+    assert sidecar.post("/warmup").status_code == 503  # vLLM not healthy: nothing to warm
+
+    fake.healthy = True
+    wait_for(lambda: sidecar.get("/readyz").json()["upstream_up"], 10, "upstream up")
+    assert sidecar.get("/readyz").json()["reasons"] == ["warmup_pending"]
+    assert sidecar.post("/warmup").json()["succeeded"]
+    assert sidecar.get("/readyz").status_code == 200
+
+    fake.healthy = False  # /readyz checks vLLM itself: unready at this very probe
+    dead = sidecar.get("/readyz")
+    assert dead.status_code == 503
+    assert dead.json()["reasons"] == ["upstream_unhealthy"]
+    fake.healthy = True
+    wait_for(sidecar.ready, 10, "ready again")
+
+    assert sidecar.post("/drain").json()["outcome"] == "idle"
+    assert sidecar.get("/readyz").json()["reasons"] == ["draining"]
+    assert sidecar.post("/warmup").status_code == 409  # a draining pod is never warmed again
+
+
+def test_warmup_is_shared_and_idempotent(start_sidecar: SidecarFactory) -> None:
+    fake = FakeVLLM()
+    events = RecordingEvents()
+    sidecar = with_fake(start_sidecar, fake, events, warmup_on_start=False, warmup_requests=6)
+    wait_for(lambda: sidecar.get("/readyz").json()["upstream_up"], 10, "upstream up")
+    results: list[httpx.Response] = []
+    callers = [threading.Thread(target=lambda: results.append(sidecar.post("/warmup")))
+               for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert [r.status_code for r in results] == [200, 200, 200]
+    assert fake.completions == 6  # one run, shared by the three callers
+    again = sidecar.post("/warmup").json()
+    assert again["succeeded"] and not again["ran"]
+    assert fake.completions == 6
+    assert events.reasons == [EventReason.WARMUP_SUCCEEDED]
+
+
+def test_warmup_retries_with_backoff_stays_unready_and_counts(
+    start_sidecar: SidecarFactory,
+) -> None:
+    fake = FakeVLLM(completion_status=400)
+    events = RecordingEvents()
+    sidecar = with_fake(start_sidecar, fake, events, warmup_max_attempts=3, warmup_requests=2,
+                        warmup_backoff_initial_seconds=0.2, warmup_backoff_max_seconds=0.3)
+    wait_for(lambda: sidecar.get("/readyz").json()["warmup"] == "failed", 20, "warmup failed")
+    assert sidecar.get("/readyz").json()["reasons"] == ["warmup_failed"]
+    assert fake.completions == 6  # 3 attempts x 2 requests
+    text = sidecar.metrics()
+    assert sample(text, "ministream_warmup_requests_total", outcome="failure") == 6
+    assert sample(text, "ministream_warmup_runs_total", outcome="failure") == 1
+    assert sample(text, "ministream_ready") == 0
+    assert events.events[-1][:2] == (EventReason.WARMUP_FAILED, EventType.WARNING)
+
+    started = time.monotonic()
+    failed = sidecar.post("/warmup")  # an explicit call runs again (0.2 s + 0.3 s backoff)
+    assert failed.status_code == 503
+    assert failed.json()["error"]["details"]["attempts"] == 3
+    assert time.monotonic() - started >= 0.5
+    fake.completion_status = 200
+    assert sidecar.post("/warmup").json()["succeeded"]
+    assert sidecar.ready()
+
+
+def test_drain_flips_readiness_at_once_and_waits_for_idle(start_sidecar: SidecarFactory) -> None:
+    fake = FakeVLLM()
+    events = RecordingEvents()
+    sidecar = with_fake(start_sidecar, fake, events, drain_poll_interval_seconds=0.05)
+    wait_for(sidecar.ready, 10, "ready")
+    fake.running, fake.waiting = 2, 1
+    answer: list[httpx.Response] = []
+    drainer = threading.Thread(target=lambda: answer.append(sidecar.post("/drain")))
+    drainer.start()
+    wait_for(lambda: sidecar.get("/readyz").status_code == 503, 2, "unready", 0.01)
+    assert sample(sidecar.metrics(), "ministream_draining") == 1
+    time.sleep(0.5)
+    assert drainer.is_alive()  # still 2 running, 1 waiting
+    fake.running, fake.waiting = 0, 0
+    drainer.join(5)
+    body = answer[0].json()
+    assert body["outcome"] == "idle" and body["running"] == 0 and body["waiting"] == 0
+    assert body["duration_seconds"] >= 0.5
+    assert events.reasons[-2:] == [EventReason.DRAIN_STARTED, EventReason.DRAIN_FINISHED]
+    assert sample(sidecar.metrics(), "ministream_drains_total", outcome="idle") == 1
+
+
+def test_drain_times_out_and_reports_what_it_saw(start_sidecar: SidecarFactory) -> None:
+    fake = FakeVLLM(running=3)
+    sidecar = with_fake(start_sidecar, fake, drain_poll_interval_seconds=0.05)
+    body = sidecar.post("/drain", params={"timeout_seconds": 0.4}).json()
+    assert body["outcome"] == "timeout"
+    assert (body["running"], body["waiting"]) == (3, 0)
+    assert 0.4 <= body["duration_seconds"] < 5  # stops at its timeout, not at idle
+    assert sample(sidecar.metrics(), "ministream_drains_total", outcome="timeout") == 1
+
+
+def test_liveness_fails_after_threshold_and_a_restarted_vllm_is_warmed_again(
+    start_sidecar: SidecarFactory,
+) -> None:
+    fake = FakeVLLM()
+    sidecar = with_fake(start_sidecar, fake, health_interval_seconds=0.1,
+                        liveness_failure_threshold=3)
+    wait_for(sidecar.ready, 10, "ready")
+    assert fake.completions == 4
+    fake.healthy = False
+    wait_for(lambda: sidecar.get("/livez").status_code == 503, 5, "livez 503")
+    assert sidecar.get("/livez").json()["consecutive_upstream_failures"] >= 3
+    fake.healthy = True  # the kubelet restarted vLLM: a cold process
+    wait_for(sidecar.ready, 10, "ready after restart")
+    assert sidecar.get("/livez").status_code == 200
+    assert fake.completions == 8  # warmed up again

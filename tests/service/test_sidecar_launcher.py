@@ -1,0 +1,176 @@
+"""`ministream up` (ministream_sidecar.launcher.main) with the real vLLM engine and the
+MiniStream plugin: both servers start, SIGTERM drains then stops both, exit status 0;
+and a vLLM that dies makes the launcher exit non-zero."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sidecarkit import free_port, sample, wait_for
+
+from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
+from tests.conftest import TINY_SERVED_NAME
+
+VLLM_ARGS = ["--served-model-name", TINY_SERVED_NAME, "--dtype", "float32",
+             "--max-model-len", "512", "--enforce-eager"]
+
+
+def test_arguments_after_double_dash_go_to_vllm(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    m = str(tmp_path)
+    args = parse_args(["--model", m, "--port", "9000", "--", "--dtype", "float32"])
+    assert (args.model, args.port, args.sidecar_port, args.host) == (m, 9000, 8081,
+                                                                     "127.0.0.1")
+    cmd = vllm_command(args)
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[-2:] == ["--dtype", "float32"]
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == str(DEFAULT_SHUTDOWN_TIMEOUT)
+    own = vllm_command(parse_args(["--model", m, "--", "--shutdown-timeout=5"]))
+    assert "--shutdown-timeout" not in own and own[-1] == "--shutdown-timeout=5"
+    with pytest.raises(SystemExit):
+        parse_args(["--model", m, "--dtype", "float32"])  # vLLM flags only after --
+
+
+def test_ministream_up_refuses_a_missing_or_raw_model_before_starting_anything(
+        tmp_path: Path) -> None:
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "model.pt").write_bytes(b"")
+    for model, words in ((str(tmp_path / "absent"), "no such directory"),
+                         (str(tmp_path / "raw"), "no config.json")):
+        proc = subprocess.run([sys.executable, "-m", "ministream.cli", "up", "--model", model],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert "ministream convert" in proc.stderr
+
+
+def launch(argv: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], Path]:
+    log = tmp_path / "launcher.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ministream.cli", "up", *argv],  # the README's `ministream up`
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True,  # noqa: SIM115
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
+             "HF_HUB_OFFLINE": "1", "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
+             "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "128",
+             "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "32",
+             "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
+             "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2", **env},
+        start_new_session=True,
+    )
+    return proc, log
+
+
+def pid_of(log: Path, name: str) -> int:
+    match = re.search(rf"{name} pid (\d+)", log.read_text())
+    assert match, log.read_text()
+    return int(match.group(1))
+
+
+def stop_everything(proc: subprocess.Popen[str], log: Path) -> None:
+    """Teardown after a failure: the launcher, then the process groups it started."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # the second signal skips the drain
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for match in re.finditer(r"(?:vLLM|sidecar) pid (\d+)", log.read_text()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(match.group(1)), signal.SIGKILL)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone too (its parent may not have reaped it yet).
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_up_serves_drains_on_sigterm_and_exits_cleanly(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    port, sidecar_port = free_port(), free_port()
+    proc, log = launch(["--model", str(tiny_model_dir), "--port", str(port),
+                        "--sidecar-port", str(sidecar_port), "--", *VLLM_ARGS], tmp_path)
+    sidecar = f"http://127.0.0.1:{sidecar_port}"
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"{sidecar}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 600, "ready through the launcher", interval=0.5)
+        vllm_pid, sidecar_pid = pid_of(log, "vLLM"), pid_of(log, "sidecar")
+        text = httpx.get(f"{sidecar}/metrics", timeout=5).text
+        phases = {p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
+                  for p in ("engine_start", "warmup", "total")}
+        (tmp_path / "cold_start.json").write_text(json.dumps(phases))
+        print("cold start phases (s):", phases)
+        assert phases["engine_start"] > 1  # counted from the launcher's start, not the sidecar's
+        wait_for(lambda: "ready after" in log.read_text(), 10, "ready announced")
+
+        # A request in flight while SIGTERM arrives must complete.
+        outcome: dict[str, Any] = {}
+
+        def long_request() -> None:
+            outcome["response"] = httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                json={"model": TINY_SERVED_NAME, "prompt": "hello", "max_tokens": 256,
+                      "ignore_eos": True})
+
+        client = threading.Thread(target=long_request)
+        client.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEFAULT_SHUTDOWN_TIMEOUT + 60) == 0, log.read_text()
+        client.join(30)
+        response = outcome["response"]
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 256
+        output = log.read_text()
+        assert "'outcome': 'idle'" in output
+        assert gone(vllm_pid) and gone(sidecar_pid)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{sidecar}/livez", timeout=2)
+    finally:
+        stop_everything(proc, log)
+
+
+@pytest.mark.slow
+def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
+    # Passes the launcher's own checks (a directory with a config.json); vLLM then fails on
+    # a config without the model's fields and no weights.
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "ministream"}')
+    proc, log = launch(["--model", str(model), "--port", str(free_port()),
+                        "--sidecar-port", str(free_port()), "--", *VLLM_ARGS], tmp_path)
+    try:
+        status = proc.wait(300)
+    finally:
+        stop_everything(proc, log)
+    output = log.read_text()
+    assert status != 0, output
+    assert "vLLM exited with status" in output
+    assert gone(pid_of(log, "sidecar"))

@@ -1,0 +1,73 @@
+"""vLLM killed under the sidecar: /readyz fails at the next probe, /livez after the threshold.
+
+Destructive, so it runs its own real vLLM server (not the session's shared one).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sidecarkit import SidecarFactory, sample, wait_for
+
+from tests.conftest import TINY_SERVED_NAME
+from tests.support.vllm_server import VLLMServer
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = 0.5
+THRESHOLD = 4
+
+
+@pytest.fixture
+def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
+    server = VLLMServer(
+        model=str(tiny_model_dir), served_name=TINY_SERVED_NAME,
+        log_path=tmp_path / "vllm-victim.log",
+        args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"],
+    )
+    server.start()
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()  # no-op once killed; kills the group otherwise
+
+
+def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> None:
+    sidecar = start_sidecar(vllm_url=victim_vllm.url, health_interval_seconds=INTERVAL,
+                            liveness_failure_threshold=THRESHOLD)
+    wait_for(sidecar.ready, 120, "ready")
+    assert sidecar.get("/livez").status_code == 200
+
+    assert victim_vllm.process is not None
+    os.killpg(victim_vllm.process.pid, signal.SIGKILL)  # the server and its engine core
+    victim_vllm.process.wait(10)
+    killed = time.monotonic()
+
+    readyz = sidecar.get("/readyz")  # the very next probe, before any background check
+    assert readyz.status_code == 503
+    assert "upstream_unhealthy" in readyz.json()["reasons"]
+
+    livez_seen: list[tuple[float, int, int]] = []
+
+    def livez_failed() -> bool:
+        response = sidecar.get("/livez")
+        body = response.json()
+        livez_seen.append((time.monotonic() - killed, response.status_code,
+                           body["consecutive_upstream_failures"]))
+        return response.status_code == 503
+
+    wait_for(livez_failed, THRESHOLD * INTERVAL + 10, "livez 503", interval=0.05)
+    # Alive until the threshold-th consecutive failure, dead from it on.
+    for _, status, failures in livez_seen:
+        assert (status == 503) == (failures >= THRESHOLD), livez_seen
+    assert livez_seen[-1][0] >= (THRESHOLD - 1) * INTERVAL
+    text = sidecar.metrics()
+    assert sample(text, "ministream_upstream_up") == 0
+    assert sample(text, "ministream_ready") == 0
+    assert sample(text, "ministream_upstream_health_failures_total") >= THRESHOLD

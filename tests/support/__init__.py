@@ -1,0 +1,1 @@
+"""Shared test infrastructure: real servers started once per session."""
