@@ -42,12 +42,16 @@ def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> 
     sidecar = start_sidecar(vllm_url=victim_vllm.url, health_interval_seconds=INTERVAL,
                             liveness_failure_threshold=THRESHOLD)
     wait_for(sidecar.ready, 120, "ready")
-    assert sidecar.get("/livez").status_code == 200
+    livez = sidecar.get("/livez")
+    assert livez.status_code == 200
+    assert livez.json()["consecutive_upstream_failures"] == 0
 
     assert victim_vllm.process is not None
+    # The clock starts at the kill, not when the process is reaped: a health check in flight
+    # can fail at the kill itself, before wait() returns.
+    killed = time.monotonic()
     os.killpg(victim_vllm.process.pid, signal.SIGKILL)  # the server and its engine core
     victim_vllm.process.wait(10)
-    killed = time.monotonic()
 
     readyz = sidecar.get("/readyz")  # the very next probe, before any background check
     assert readyz.status_code == 503
@@ -66,7 +70,8 @@ def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> 
     # Alive until the threshold-th consecutive failure, dead from it on.
     for _, status, failures in livez_seen:
         assert (status == 503) == (failures >= THRESHOLD), livez_seen
-    assert livez_seen[-1][0] >= (THRESHOLD - 1) * INTERVAL
+    # Every counted failure came after the kill, one interval apart at least.
+    assert livez_seen[-1][0] >= (THRESHOLD - 1) * INTERVAL, livez_seen
     text = sidecar.metrics()
     assert sample(text, "ministream_upstream_up") == 0
     assert sample(text, "ministream_ready") == 0
