@@ -6,7 +6,8 @@
 #   bash scripts/gpu/h200.sh throughput "$OUT"  # plugin vs Llama side by side, both shapes
 #   bash scripts/gpu/h200.sh loaders "$OUT"  # cold start per loader + raw disk bandwidth
 #                                            # (LOADERS="sharded" for one; runai needs .whl carried)
-# PRESETS="gpu-1b" limits models/loaders to one shape (default: seed gpu-1b);
+# PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
+# ROUNDS and THROUGHPUT_LIMIT (seconds per shape) size the throughput step (6, 280);
 # SKIP_REFERENCE=1 skips the loaders step's fp32 reference runs.
 # Results: JSON + logs under $OUT; `python scripts/gpu/report.py DIR` renders the tables.
 set -uo pipefail
@@ -69,11 +70,11 @@ case "$step" in
       probe llama-$preset 240 --model $M/$preset-llama --golden
     done ;;
   throughput)
-    for preset in seed gpu-1b; do
+    for preset in ${PRESETS:-seed gpu-1b}; do
       echo "== side by side: $preset ($(date +%T))"
-      timeout 280 python3 scripts/bench_plugin.py --model $M/$preset \
+      timeout ${THROUGHPUT_LIMIT:-280} python3 scripts/bench_plugin.py --model $M/$preset \
         --out "$out/side-by-side-$preset.json" --prompts 1024 --prompt-len 128 \
-        --output-len 256 --rounds 6 --concurrency 1,16,64 --decode-tokens 64 \
+        --output-len 256 --rounds ${ROUNDS:-6} --concurrency 1,16,64 --decode-tokens 64 \
         --llm-args '{"dtype": "bfloat16", "max_model_len": 2048, "gpu_memory_utilization": 0.4}' \
         > "$out/side-by-side-$preset.log" 2>&1
       echo "   exit $?"; tail -4 "$out/side-by-side-$preset.log"
