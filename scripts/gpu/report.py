@@ -89,6 +89,20 @@ def main(root_arg: str) -> int:
                 else ""
             )
             print(f"| {preset} | {engine} | {med[engine]:,.0f} | {ratio} | {ttft} | {itl} |")
+    print("\n### Side by side (scripts/bench_plugin.py: both engines in one process, ABBA)\n")
+    print("| model | rounds | median ratio | paired ratio per round: median (range) | plugin won |")
+    print("|---|---|---|---|---|")
+    for preset in ("seed", "gpu-1b"):
+        side = _load(root / f"side-by-side-{preset}.json")
+        if not side:
+            continue
+        rates = side["output_tokens_per_s"]
+        paired = [a / b for a, b in zip(rates["plugin"], rates["llama"], strict=True)]
+        print(
+            f"| {preset} | {len(paired)} | {side['ratio_plugin_over_llama']:.3f} | "
+            f"{statistics.median(paired):.3f} ({min(paired):.3f}–{max(paired):.3f}) | "
+            f"{sum(r > 1 for r in paired)} of {len(paired)} |"
+        )
     print("\n### Cold start of gpu-1b per loader (page cache dropped before each)\n")
     print(
         "| loader | process start → first token s | LLM() s | weights GiB/s (log) | "
