@@ -33,6 +33,10 @@ _EXCEPTION_CAUSES = {
     "TimeoutError": "timeout",
     "ServerTimeoutError": "timeout",
 }
+# Causes that leave no HTTP response: the connection failed before one began.
+CONNECTION_CAUSES = frozenset(
+    {"connection_refused", "connection_error", "server_disconnected", "connection_reset"}
+)
 
 
 @dataclass(frozen=True)

@@ -356,6 +356,9 @@ class Rollout:
             "access_log_check": {
                 "records": len(records), "matched": len(matched),
                 "status_disagreements": mismatched[:20],
+                # Requests HAProxy has no line for: it logs each request it parsed.
+                "unlogged": [{"request_id": r.request_id, "sent_s": self.rel(r.start),
+                              "cause": r.cause} for r in records if r.request_id not in access],
             },
             "cold_start_s": round(cold, 1),
             "chart_timings": self.timings.as_dict(),

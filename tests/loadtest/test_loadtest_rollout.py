@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from ministream_loadtest.haproxy import find_haproxy
+from ministream_loadtest.records import CONNECTION_CAUSES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -78,9 +79,13 @@ def check_counts_against_raw(report: dict[str, Any]) -> None:
     assert report["succeeded"] <= raw["completed"]  # the engine's own count
     assert report["failed"] >= raw["failed"]
     assert sum(report["failures_by_cause"].values()) == report["failed"]
-    # Every request went through HAProxy, which agrees on each outcome.
+    # HAProxy logged the request and agrees on its outcome; or it never parsed the request,
+    # which then failed at the connection with no response (in a control run: the client's
+    # keep-alive connection closed under a request during a pod's shutdown).
     check = report["access_log_check"]
-    assert check["matched"] == report["sent"] and check["status_disagreements"] == []
+    assert check["status_disagreements"] == []
+    assert check["matched"] + len(check["unlogged"]) == report["sent"]
+    assert all(u["cause"] in CONNECTION_CAUSES for u in check["unlogged"]), check["unlogged"]
     # The window's percentiles by hand from the raw records.
     t0, window = report["t0_perf_counter"], report["restart_window"]
     inside = [i for i, s in enumerate(raw["start_times"])
@@ -127,21 +132,26 @@ def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any])
     # vLLM answers 500 to new requests once it has SIGTERM, while its /health (and so the
     # pod's readiness) stays OK: only the endpoint removal stops them.
     assert "http_500" in report["failures_by_cause"]
-    assert set(report["failures_by_pod"]) <= {"v1-0", "v1-1"}
+    unlogged = report["access_log_check"]["unlogged"]
+    assert set(report["failures_by_pod"]) <= {"v1-0", "v1-1", "none"}
+    assert report["failures_by_pod"].get("none", 0) == len(unlogged)
     pods = {p["name"]: p for p in report["pods"]}
+    old_pods = [pods["v1-0"], pods["v1-1"]]
+    assert all(pod["prestop"] is None for pod in old_pods)
     raw = report["_raw"]
     # A request sent before SIGTERM fails only if it was still in flight then: waiting for its
     # first token (a 500) or streaming (a broken stream). The run's slowest successful request
     # bounds how long that can be. Those figures come from the same client clock as `sent_s`,
-    # so they carry its event-loop lag too: a fixed lead (0.5 s) failed under load.
+    # so they carry its event-loop lag too (a fixed 0.5 s lead left too thin a margin).
     ok = [i for i, error in enumerate(raw["errors"]) if not error]
     slowest_ttft = max(raw["ttfts"][i] for i in ok)
     slowest_e2e = max(raw["latencies"][i] for i in ok)
     for failure in report["failures"]:
-        pod = pods[failure["pod"]]
-        assert pod["prestop"] is None
         lead = slowest_ttft if failure["cause"] == "http_500" else slowest_e2e
         # ...and none was sent after the endpoint removal (a late client clock only makes
         # `sent_s` earlier than the real send).
-        assert pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"] + 0.5
+        # Not in HAProxy's log (no pod named): during either old pod's shutdown.
+        candidates = [pods[failure["pod"]]] if failure["pod"] else old_pods
+        assert any(pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"]
+                   + 0.5 for pod in candidates), failure
         assert raw["errors"][int(failure["request_id"].rsplit("-", 1)[1])]
