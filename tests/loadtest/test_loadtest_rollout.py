@@ -80,8 +80,8 @@ def check_counts_against_raw(report: dict[str, Any]) -> None:
     assert report["failed"] >= raw["failed"]
     assert sum(report["failures_by_cause"].values()) == report["failed"]
     # HAProxy logged the request and agrees on its outcome; or it never parsed the request,
-    # which then failed at the connection with no response (in a control run: the client's
-    # keep-alive connection closed under a request during a pod's shutdown).
+    # which then failed at the connection with no response (seen once in a control run,
+    # during a pod's shutdown: `server_disconnected`, docs/loadtest.md).
     check = report["access_log_check"]
     assert check["status_disagreements"] == []
     assert check["matched"] + len(check["unlogged"]) == report["sent"]
