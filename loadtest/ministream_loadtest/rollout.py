@@ -314,6 +314,8 @@ class Rollout:
                 "haproxy_status": entry.status if entry else None, "pod": pod,
             })
         matched = [r for r in records if r.request_id in access]
+        # HAProxy logs each request it parsed: these never reached it as requests.
+        unlogged = [r for r in records if r.request_id not in access]
         mismatched = [r.request_id for r in matched
                       if not r.agrees_with_status(access[r.request_id].status)]
         inside = [r for r in records if t_start <= r.start <= t_end]
@@ -356,9 +358,8 @@ class Rollout:
             "access_log_check": {
                 "records": len(records), "matched": len(matched),
                 "status_disagreements": mismatched[:20],
-                # Requests HAProxy has no line for: it logs each request it parsed.
                 "unlogged": [{"request_id": r.request_id, "sent_s": self.rel(r.start),
-                              "cause": r.cause} for r in records if r.request_id not in access],
+                              "cause": r.cause} for r in unlogged],
             },
             "cold_start_s": round(cold, 1),
             "chart_timings": self.timings.as_dict(),

@@ -146,11 +146,11 @@ def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any])
     ok = [i for i, error in enumerate(raw["errors"]) if not error]
     slowest_ttft = max(raw["ttfts"][i] for i in ok)
     slowest_e2e = max(raw["latencies"][i] for i in ok)
+    # And none was sent after the endpoint removal (a late client clock only makes `sent_s`
+    # earlier than the real send). A failure HAProxy has no line for names no pod: it must
+    # fit either old pod's shutdown.
     for failure in report["failures"]:
         lead = slowest_ttft if failure["cause"] == "http_500" else slowest_e2e
-        # ...and none was sent after the endpoint removal (a late client clock only makes
-        # `sent_s` earlier than the real send).
-        # Not in HAProxy's log (no pod named): during either old pod's shutdown.
         candidates = [pods[failure["pod"]]] if failure["pod"] else old_pods
         assert any(pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"]
                    + 0.5 for pod in candidates), failure
