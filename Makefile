@@ -38,8 +38,9 @@ serve: setup demo-model  ## serve the demo model: OpenAI API on 127.0.0.1:$(PORT
 	$(VENV)/bin/ministream up --model $(DEMO_MODEL) --port $(PORT) --sidecar-port $(SIDECAR_PORT) \
 	  -- --served-model-name ministream-demo --max-model-len 2048
 
-lint:  ## ruff and mypy
+lint:  ## ruff (lint and format) and mypy
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy plugins service loadtest scripts
 
 unit: setup-test  ## the fast tests only (no vLLM engine)

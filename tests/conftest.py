@@ -29,15 +29,23 @@ def tiny_model_dir(models: ModelFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def vllm_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
     """A real vLLM OpenAI server (CPU) serving `tiny_model_dir`, shared by the session."""
     server = VLLMServer(
         model=str(tiny_model_dir),
         served_name=TINY_SERVED_NAME,
         log_path=tmp_path_factory.mktemp("logs") / "vllm-shared.log",
-        args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-              "--shutdown-timeout", "30"],
+        args=[
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--shutdown-timeout",
+            "30",
+        ],
     )
     server.start()
     try:

@@ -35,8 +35,7 @@ def _stop_arrivals_on_sigusr1(serve: Any) -> None:  # the vllm.benchmarks.serve 
         try:
             async for item in paced:
                 if stop.is_set():
-                    print("SIGUSR1: no further requests; finishing those in flight",
-                          flush=True)
+                    print("SIGUSR1: no further requests; finishing those in flight", flush=True)
                     break
                 yield item
         finally:

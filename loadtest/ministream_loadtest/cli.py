@@ -34,7 +34,8 @@ def _floats(text: str) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}") from None
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError("values must be positive")
     return values
@@ -58,36 +59,66 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ministream-loadtest",
         description="Load tests of the MiniStream OpenAI API through vLLM's `vllm bench "
-        "serve`: SLO reports (JSON + PNG) and the rolling-restart experiment.")
+        "serve`: SLO reports (JSON + PNG) and the rolling-restart experiment.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="SLO report: scenarios x sweep points against a server")
-    run.add_argument("--scenario", action="append", required=True,
-                     help="scenario file, or a name from loadtest/scenarios/ (repeatable)")
-    run.add_argument("--base-url", default="http://127.0.0.1:8000",
-                     help="OpenAI API base URL (no /v1)")
-    run.add_argument("--serve", metavar="MODEL_DIR",
-                     help="start a local pod (vLLM + sidecar, as `ministream up`) serving this "
-                     "model for the run, instead of using --base-url; vLLM arguments go after --")
-    run.add_argument("--chart-values", type=Path, default=DEFAULT_VALUES,
-                     help="with --serve: the chart values the pod's sidecar settings come from")
-    run.add_argument("--model", help="served model name (default: the server's first model; "
-                     "with --serve: ministream)")
-    run.add_argument("--tokenizer", help="local directory with the model's tokenizer (default: "
-                     "the served model's path, when it exists on this machine)")
+    run.add_argument(
+        "--scenario",
+        action="append",
+        required=True,
+        help="scenario file, or a name from loadtest/scenarios/ (repeatable)",
+    )
+    run.add_argument(
+        "--base-url", default="http://127.0.0.1:8000", help="OpenAI API base URL (no /v1)"
+    )
+    run.add_argument(
+        "--serve",
+        metavar="MODEL_DIR",
+        help="start a local pod (vLLM + sidecar, as `ministream up`) serving this "
+        "model for the run, instead of using --base-url; vLLM arguments go after --",
+    )
+    run.add_argument(
+        "--chart-values",
+        type=Path,
+        default=DEFAULT_VALUES,
+        help="with --serve: the chart values the pod's sidecar settings come from",
+    )
+    run.add_argument(
+        "--model",
+        help="served model name (default: the server's first model; with --serve: ministream)",
+    )
+    run.add_argument(
+        "--tokenizer",
+        help="local directory with the model's tokenizer (default: "
+        "the served model's path, when it exists on this machine)",
+    )
     run.add_argument("--output-dir", type=Path, required=True)
     sweep = run.add_mutually_exclusive_group()
     sweep.add_argument("--rates", type=_floats, help="override the sweep: requests/s values")
-    sweep.add_argument("--concurrency", type=_floats,
-                       help="override the sweep: concurrent-request values")
+    sweep.add_argument(
+        "--concurrency", type=_floats, help="override the sweep: concurrent-request values"
+    )
     run.add_argument("--requests", type=int, help="override the requests per sweep point")
-    run.add_argument("--slo", type=_slo_pair, action="append", default=[],
-                     help="override one SLO, e.g. ttft_ms=800 (repeatable)")
-    run.add_argument("--attainment", type=float,
-                     help="share of requests that must meet the SLOs for a point to pass")
+    run.add_argument(
+        "--slo",
+        type=_slo_pair,
+        action="append",
+        default=[],
+        help="override one SLO, e.g. ttft_ms=800 (repeatable)",
+    )
+    run.add_argument(
+        "--attainment",
+        type=float,
+        help="share of requests that must meet the SLOs for a point to pass",
+    )
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--fail-on-slo", action="store_true",
-                     help="exit 1 when a sweep point misses its SLO attainment")
+    run.add_argument(
+        "--fail-on-slo",
+        action="store_true",
+        help="exit 1 when a sweep point misses its SLO attainment",
+    )
 
     ro = sub.add_parser("rollout", help="rolling restart of N local replicas under load")
     ro.add_argument("--replicas", type=int, required=True)
@@ -95,24 +126,36 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--model", required=True, help="converted model directory to serve")
     ro.add_argument("--served-model-name", default="ministream")
     ro.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
-    ro.add_argument("--no-drain", dest="drain", action="store_false",
-                    help="control run: no preStop /drain before SIGTERM")
-    ro.add_argument("--rollout-mode", choices=["surge", "inPlace"],
-                    help="default: the chart's rollout.mode")
+    ro.add_argument(
+        "--no-drain",
+        dest="drain",
+        action="store_false",
+        help="control run: no preStop /drain before SIGTERM",
+    )
+    ro.add_argument(
+        "--rollout-mode", choices=["surge", "inPlace"], help="default: the chart's rollout.mode"
+    )
     ro.add_argument("--restarts", type=int, help="pods to replace (default: all)")
     ro.add_argument("--rate", type=float, default=2.0, help="requests/s of streaming load")
     ro.add_argument("--input-tokens", type=int, default=32)
     ro.add_argument("--output-tokens", type=int, default=32)
-    ro.add_argument("--duration", type=float,
-                    help="most seconds of load (default: room for every pod to use its whole "
-                    "startup timeout and grace period); the load ends --tail s after the rollout")
-    ro.add_argument("--lead-in", type=float, default=10.0,
-                    help="seconds of load before the first restart")
-    ro.add_argument("--tail", type=float, default=15.0,
-                    help="seconds of load after the rollout")
-    ro.add_argument("--endpoint-lag", type=_seconds_or_inf, default=2.0,
-                    help="seconds before a terminating pod leaves the load balancer (the "
-                    "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts")
+    ro.add_argument(
+        "--duration",
+        type=float,
+        help="most seconds of load (default: room for every pod to use its whole "
+        "startup timeout and grace period); the load ends --tail s after the rollout",
+    )
+    ro.add_argument(
+        "--lead-in", type=float, default=10.0, help="seconds of load before the first restart"
+    )
+    ro.add_argument("--tail", type=float, default=15.0, help="seconds of load after the rollout")
+    ro.add_argument(
+        "--endpoint-lag",
+        type=_seconds_or_inf,
+        default=2.0,
+        help="seconds before a terminating pod leaves the load balancer (the "
+        "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts",
+    )
     ro.add_argument("--chart-values", type=Path, default=DEFAULT_VALUES)
     ro.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
     ro.add_argument("--startup-timeout", type=float, default=900.0)
@@ -147,7 +190,8 @@ def _resolve_target(args: argparse.Namespace) -> tuple[str, str]:
         if not Path(root).is_dir():
             raise SystemExit(
                 f"the served model's path {root!r} is not on this machine: pass --tokenizer "
-                "with a local copy of the converted model directory (its tokenizer files)")
+                "with a local copy of the converted model directory (its tokenizer files)"
+            )
         tokenizer = root
     return model, tokenizer
 
@@ -162,18 +206,27 @@ def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .haproxy import Slot, free_port
 
     args.model = args.model or "ministream"
-    template = PodTemplate(model=args.serve, served_name=args.model,
-                           vllm_args=tuple(vllm_args),
-                           timings=load_chart_timings(args.chart_values),
-                           log_dir=args.output_dir / "logs")
+    template = PodTemplate(
+        model=args.serve,
+        served_name=args.model,
+        vllm_args=tuple(vllm_args),
+        timings=load_chart_timings(args.chart_values),
+        log_dir=args.output_dir / "logs",
+    )
     pod = Pod("server", Slot(0, free_port(), free_port()), template)
-    print(f"starting vLLM + sidecar for {args.serve} (logs in {template.log_dir})",
-          file=sys.stderr, flush=True)
+    print(
+        f"starting vLLM + sidecar for {args.serve} (logs in {template.log_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         pod.start()
         ready = pod.wait_ready(timeout=1800)
-        print(f"ready after {ready - pod.events['created']:.1f}s at {pod.api_url}",
-              file=sys.stderr, flush=True)
+        print(
+            f"ready after {ready - pod.events['created']:.1f}s at {pod.api_url}",
+            file=sys.stderr,
+            flush=True,
+        )
         args.base_url = pod.api_url
         return _run_scenarios(args)
     finally:
@@ -193,24 +246,43 @@ def _run_scenarios(args: argparse.Namespace) -> int:
         slo = sc.slo
         if args.slo:
             slo = Slo(**{**slo.as_dict(), **dict(args.slo)})
-        sweep = (Sweep("rate", args.rates) if args.rates else
-                 Sweep("concurrency", args.concurrency) if args.concurrency else None)
-        scenarios.append(sc.with_overrides(requests=args.requests, sweep=sweep, slo=slo,
-                                           attainment=args.attainment))
+        sweep = (
+            Sweep("rate", args.rates)
+            if args.rates
+            else Sweep("concurrency", args.concurrency)
+            if args.concurrency
+            else None
+        )
+        scenarios.append(
+            sc.with_overrides(
+                requests=args.requests, sweep=sweep, slo=slo, attainment=args.attainment
+            )
+        )
     reports, missed = [], 0
     for j, sc in enumerate(scenarios):
         tags = [f"{sc.name}-{sc.sweep.mode}{value:g}" for value in sc.sweep.values]
         # A seed per point and scenario: vLLM caches prefixes, so a point that replayed earlier
         # prompts would measure cache hits (measured: 10x lower TTFT), not prefill.
         runs = [
-            (sc.load_spec(value, base_url=args.base_url, model=model, tokenizer=tokenizer,
-                          seed=args.seed + 1000 * i + 100_000 * j),
-             out / "raw" / f"{tag}.json")
+            (
+                sc.load_spec(
+                    value,
+                    base_url=args.base_url,
+                    model=model,
+                    tokenizer=tokenizer,
+                    seed=args.seed + 1000 * i + 100_000 * j,
+                ),
+                out / "raw" / f"{tag}.json",
+            )
             for i, (value, tag) in enumerate(zip(sc.sweep.values, tags, strict=True))
         ]
-        print(f"[{sc.name}] {len(runs)} sweep points x {sc.requests} requests "
-              f"({sc.input_tokens} in / {sc.output_tokens} out, {sc.api} API) against "
-              f"{args.base_url}", file=sys.stderr, flush=True)
+        print(
+            f"[{sc.name}] {len(runs)} sweep points x {sc.requests} requests "
+            f"({sc.input_tokens} in / {sc.output_tokens} out, {sc.api} API) against "
+            f"{args.base_url}",
+            file=sys.stderr,
+            flush=True,
+        )
         progress = iter(tags)
 
         def show(line: str, progress: Iterator[str] = progress) -> None:
@@ -219,21 +291,25 @@ def _run_scenarios(args: argparse.Namespace) -> int:
 
         results = run_engine(runs, out / "logs" / f"{sc.name}.log", on_line=show)
         points = []
-        for value, tag, (_, raw), result in zip(sc.sweep.values, tags, runs, results,
-                                               strict=True):
-            point = point_report(result, scenario=sc, value=value, raw_file=raw,
-                                 report_dir=out)
+        for value, tag, (_, raw), result in zip(sc.sweep.values, tags, runs, results, strict=True):
+            point = point_report(result, scenario=sc, value=value, raw_file=raw, report_dir=out)
             points.append(point)
             missed += point["goodput"]["passed"] is False
-            print(f"  {tag}: failed {point['requests']['failed']}, p99 TTFT "
-                  f"{point['ttft_ms']['p99']:.0f} ms, p99 E2E {point['e2el_ms']['p99']:.0f} ms, "
-                  f"{point['throughput']['output_tokens_per_s']:.1f} tok/s, SLO attainment "
-                  f"{point['goodput']['attainment']}", file=sys.stderr, flush=True)
+            print(
+                f"  {tag}: failed {point['requests']['failed']}, p99 TTFT "
+                f"{point['ttft_ms']['p99']:.0f} ms, p99 E2E {point['e2el_ms']['p99']:.0f} ms, "
+                f"{point['throughput']['output_tokens_per_s']:.1f} tok/s, SLO attainment "
+                f"{point['goodput']['attainment']}",
+                file=sys.stderr,
+                flush=True,
+            )
         reports.append(scenario_report(sc, points))
-    full = report(reports, base_url=args.base_url, model=model,
-                  command=["ministream-loadtest", *sys.argv[1:]])
-    full["plots"] = [str(plot_scenario(s, out / f"{s['name']}.png").relative_to(out))
-                     for s in reports]
+    full = report(
+        reports, base_url=args.base_url, model=model, command=["ministream-loadtest", *sys.argv[1:]]
+    )
+    full["plots"] = [
+        str(plot_scenario(s, out / f"{s['name']}.png").relative_to(out)) for s in reports
+    ]
     (out / "report.json").write_text(json.dumps(full, indent=2) + "\n")
     print(f"report: {out / 'report.json'}", flush=True)
     return 1 if args.fail_on_slo and missed else 0
@@ -244,23 +320,45 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .rollout import RolloutConfig, run_rollout
 
     cfg = RolloutConfig(
-        model=args.model, output=args.output, replicas=args.replicas,
-        served_name=args.served_model_name, tokenizer=args.tokenizer,
-        vllm_args=tuple(vllm_args), drain=args.drain, rollout_mode=args.rollout_mode,
-        restarts=args.restarts, rate=args.rate, input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens, duration=args.duration, lead_in=args.lead_in,
-        tail=args.tail, endpoint_lag=args.endpoint_lag, chart_values=args.chart_values,
-        startup_timeout=args.startup_timeout, workdir=args.workdir, seed=args.seed)
+        model=args.model,
+        output=args.output,
+        replicas=args.replicas,
+        served_name=args.served_model_name,
+        tokenizer=args.tokenizer,
+        vllm_args=tuple(vllm_args),
+        drain=args.drain,
+        rollout_mode=args.rollout_mode,
+        restarts=args.restarts,
+        rate=args.rate,
+        input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens,
+        duration=args.duration,
+        lead_in=args.lead_in,
+        tail=args.tail,
+        endpoint_lag=args.endpoint_lag,
+        chart_values=args.chart_values,
+        startup_timeout=args.startup_timeout,
+        workdir=args.workdir,
+        seed=args.seed,
+    )
     report = run_rollout(cfg)
     window = report["restart_window"]
     e2e = window["e2el_ms"]
-    print(json.dumps({
-        "sent": report["sent"], "succeeded": report["succeeded"], "failed": report["failed"],
-        "failures_by_cause": report["failures_by_cause"],
-        "restart_window_s": window["duration_s"],
-        "window_e2el_ms": {k: e2e[k] for k in ("p50", "p95", "p99")},
-        "report": str(args.output),
-    }, indent=2), flush=True)
+    print(
+        json.dumps(
+            {
+                "sent": report["sent"],
+                "succeeded": report["succeeded"],
+                "failed": report["failed"],
+                "failures_by_cause": report["failures_by_cause"],
+                "restart_window_s": window["duration_s"],
+                "window_e2el_ms": {k: e2e[k] for k in ("p50", "p95", "p99")},
+                "report": str(args.output),
+            },
+            indent=2,
+        ),
+        flush=True,
+    )
     if not report["load_covered_rollout"]:
         print("the load ended before the rollout did: raise --duration", file=sys.stderr)
         return 1
@@ -273,8 +371,9 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
+    own, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
     args = build_parser().parse_args(own)
     # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so every started process is stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)

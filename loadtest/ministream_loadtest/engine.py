@@ -52,8 +52,11 @@ class Slo:
     def goodput_args(self) -> list[str]:
         pairs = [
             f"{name}:{value:g}"
-            for name, value in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms),
-                                ("e2el", self.e2el_ms))
+            for name, value in (
+                ("ttft", self.ttft_ms),
+                ("tpot", self.tpot_ms),
+                ("e2el", self.e2el_ms),
+            )
             if value is not None
         ]
         return ["--goodput", *pairs] if pairs else []
@@ -61,8 +64,11 @@ class Slo:
     def as_dict(self) -> dict[str, float]:
         return {
             k: v
-            for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms),
-                         ("e2el_ms", self.e2el_ms))
+            for k, v in (
+                ("ttft_ms", self.ttft_ms),
+                ("tpot_ms", self.tpot_ms),
+                ("e2el_ms", self.e2el_ms),
+            )
             if v is not None
         }
 
@@ -98,32 +104,54 @@ class LoadSpec:
 def engine_args(spec: LoadSpec, result_file: Path) -> list[str]:
     """`vllm bench serve` flags for `spec`; results (with per-request detail) go to result_file."""
     ratio = (
-        json.dumps(spec.range_ratio) if isinstance(spec.range_ratio, dict)
+        json.dumps(spec.range_ratio)
+        if isinstance(spec.range_ratio, dict)
         else f"{spec.range_ratio:g}"
     )
     args = [
-        "--backend", spec.backend,
-        "--base-url", spec.base_url.rstrip("/"),
-        "--endpoint", spec.endpoint,
-        "--model", spec.model,
-        "--served-model-name", spec.model,
-        "--tokenizer", spec.tokenizer,
-        "--dataset-name", "random",
-        "--random-input-len", str(spec.input_tokens),
-        "--random-output-len", str(spec.output_tokens),
-        "--random-range-ratio", ratio,
-        "--num-prompts", str(spec.num_prompts),
-        "--request-rate", "inf" if spec.request_rate is None else f"{spec.request_rate:g}",
-        "--burstiness", f"{spec.burstiness:g}",
-        "--seed", str(spec.seed),
-        "--percentile-metrics", ",".join(PERCENTILE_METRICS),
-        "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
-        "--request-id-prefix", spec.request_id_prefix,
-        "--label", spec.label,
+        "--backend",
+        spec.backend,
+        "--base-url",
+        spec.base_url.rstrip("/"),
+        "--endpoint",
+        spec.endpoint,
+        "--model",
+        spec.model,
+        "--served-model-name",
+        spec.model,
+        "--tokenizer",
+        spec.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(spec.input_tokens),
+        "--random-output-len",
+        str(spec.output_tokens),
+        "--random-range-ratio",
+        ratio,
+        "--num-prompts",
+        str(spec.num_prompts),
+        "--request-rate",
+        "inf" if spec.request_rate is None else f"{spec.request_rate:g}",
+        "--burstiness",
+        f"{spec.burstiness:g}",
+        "--seed",
+        str(spec.seed),
+        "--percentile-metrics",
+        ",".join(PERCENTILE_METRICS),
+        "--metric-percentiles",
+        ",".join(str(p) for p in PERCENTILES),
+        "--request-id-prefix",
+        spec.request_id_prefix,
+        "--label",
+        spec.label,
         "--disable-tqdm",
-        "--save-result", "--save-detailed",
-        "--result-dir", str(result_file.parent),
-        "--result-filename", result_file.name,
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_file.parent),
+        "--result-filename",
+        result_file.name,
     ]
     if spec.max_concurrency is not None:
         args += ["--max-concurrency", str(spec.max_concurrency)]
@@ -166,8 +194,7 @@ class EngineProcess:
         if len(self.runs) == 1:
             return [*base, *engine_args(*self.runs[0])]
         runs_file = self.log_path.with_suffix(".runs.json")
-        runs_file.write_text(json.dumps([engine_args(spec, f) for spec, f in self.runs],
-                                        indent=1))
+        runs_file.write_text(json.dumps([engine_args(spec, f) for spec, f in self.runs], indent=1))
         return [*base, "--runs", str(runs_file)]
 
     def start(self) -> EngineProcess:
@@ -181,8 +208,13 @@ class EngineProcess:
             result_file.parent.mkdir(parents=True, exist_ok=True)
             result_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env, start_new_session=True, bufsize=1,
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+            bufsize=1,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -223,8 +255,9 @@ class EngineProcess:
             self._reader.join(10)
         missing = [str(f) for _, f in self.runs if not f.is_file()]
         if rc != 0 or missing:
-            raise EngineError(f"{ENGINE_NAME} failed (status {rc}, missing {missing}):\n"
-                              f"{self.log_tail()}")
+            raise EngineError(
+                f"{ENGINE_NAME} failed (status {rc}, missing {missing}):\n{self.log_tail()}"
+            )
         return [json.loads(f.read_text()) for _, f in self.runs]
 
     def stop_arrivals(self) -> None:
@@ -246,8 +279,12 @@ class EngineProcess:
 
 
 def run_engine(
-    runs: list[tuple[LoadSpec, Path]], log_path: Path, *, api_key: str | None = None,
-    on_line: Callable[[str], None] | None = None, timeout: float = 4 * 3600.0,
+    runs: list[tuple[LoadSpec, Path]],
+    log_path: Path,
+    *,
+    api_key: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+    timeout: float = 4 * 3600.0,
 ) -> list[dict[str, Any]]:
     """Run the engine over `runs` (in order, one process) and return each result JSON."""
     engine = EngineProcess(runs, log_path, api_key=api_key, on_line=on_line).start()

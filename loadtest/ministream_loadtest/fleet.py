@@ -88,8 +88,13 @@ def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 class Pod:
-    def __init__(self, name: str, slot: Slot, template: PodTemplate,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        name: str,
+        slot: Slot,
+        template: PodTemplate,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.name = name
         self.slot = slot
         self.template = template
@@ -113,12 +118,22 @@ class Pod:
         from ministream_sidecar.launcher import UpArgs, vllm_command
 
         t = self.template
-        args = ["--served-model-name", t.served_name,
-                "--shutdown-timeout", str(t.timings.vllm_shutdown_timeout_seconds),
-                *t.vllm_args]
-        return vllm_command(UpArgs(model=t.model, port=self.slot.api_port,
-                                   sidecar_port=self.slot.sidecar_port, host="127.0.0.1",
-                                   vllm_args=args))
+        args = [
+            "--served-model-name",
+            t.served_name,
+            "--shutdown-timeout",
+            str(t.timings.vllm_shutdown_timeout_seconds),
+            *t.vllm_args,
+        ]
+        return vllm_command(
+            UpArgs(
+                model=t.model,
+                port=self.slot.api_port,
+                sidecar_port=self.slot.sidecar_port,
+                host="127.0.0.1",
+                vllm_args=args,
+            )
+        )
 
     def start(self) -> Pod:
         t = self.template
@@ -130,7 +145,8 @@ class Pod:
         env.setdefault("HF_HUB_OFFLINE", "1")
         if "VLLM_CPU_OMP_THREADS_BIND" not in env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(
-                self.slot.index, tensor_parallel_size(t.vllm_args), sorted(os.sched_getaffinity(0)))
+                self.slot.index, tensor_parallel_size(t.vllm_args), sorted(os.sched_getaffinity(0))
+            )
             if env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind":
                 env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as when bound
         self.events["created"] = self.clock()
@@ -143,14 +159,24 @@ class Pod:
             "MINISTREAM_SIDECAR_MODEL_NAME": t.served_name,
             "MINISTREAM_SIDECAR_PROCESS_START_TIME": repr(time.time()),
         }
-        with open(t.log_dir / f"{self.name}-vllm.log", "wb") as vlog, \
-                open(t.log_dir / f"{self.name}-sidecar.log", "wb") as slog:
-            self.vllm = subprocess.Popen(self.vllm_command(), stdout=vlog,
-                                         stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-            self.sidecar = subprocess.Popen([sys.executable, "-m", "ministream_sidecar"],
-                                            stdout=slog, stderr=subprocess.STDOUT,
-                                            env=sidecar_env, start_new_session=True)
+        with (
+            open(t.log_dir / f"{self.name}-vllm.log", "wb") as vlog,
+            open(t.log_dir / f"{self.name}-sidecar.log", "wb") as slog,
+        ):
+            self.vllm = subprocess.Popen(
+                self.vllm_command(),
+                stdout=vlog,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            self.sidecar = subprocess.Popen(
+                [sys.executable, "-m", "ministream_sidecar"],
+                stdout=slog,
+                stderr=subprocess.STDOUT,
+                env=sidecar_env,
+                start_new_session=True,
+            )
         return self
 
     def ready(self) -> bool:
@@ -165,8 +191,9 @@ class Pod:
             if proc is not None and proc.poll() is not None:
                 log = self.template.log_dir / f"{self.name}-{name.lower()}.log"
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-                raise RuntimeError(f"pod {self.name}: {name} exited with {proc.returncode}:\n"
-                                   f"{tail}")
+                raise RuntimeError(
+                    f"pod {self.name}: {name} exited with {proc.returncode}:\n{tail}"
+                )
 
     def wait_ready(self, timeout: float) -> float:
         """Poll /readyz until 200; the time it turned ready."""
@@ -187,8 +214,8 @@ class Pod:
         deadline = time.monotonic() + timings.termination_grace_period_seconds
         if drain:
             self.prestop = self._prestop_drain(
-                min(timings.prestop_http_timeout_seconds,
-                    timings.termination_grace_period_seconds))
+                min(timings.prestop_http_timeout_seconds, timings.termination_grace_period_seconds)
+            )
         self.events["sigterm"] = self.clock()
         with contextlib.suppress(ProcessLookupError):
             self.vllm.send_signal(signal.SIGTERM)  # the container's main process only

@@ -36,8 +36,10 @@ from .chart_values import ChartTimings
 
 INSTALL_HINT = "HAProxy is not installed: run scripts/install_haproxy.sh (apt-get install haproxy)"
 BACKEND = "replicas"
-_LOG_RE = re.compile(r"rid=\{?(?P<rid>[^ }]*)\}? srv=(?P<srv>\S+) status=(?P<status>-?\d+) "
-                     r"ta=(?P<ta>-?\d+) term=(?P<term>\S+)")
+_LOG_RE = re.compile(
+    r"rid=\{?(?P<rid>[^ }]*)\}? srv=(?P<srv>\S+) status=(?P<status>-?\d+) "
+    r"ta=(?P<ta>-?\d+) term=(?P<term>\S+)"
+)
 
 
 def find_haproxy() -> str:
@@ -75,8 +77,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def render_config(*, frontend_port: int, socket_path: Path, slots: list[Slot],
-                  enabled: set[int], timings: ChartTimings) -> str:
+def render_config(
+    *,
+    frontend_port: int,
+    socket_path: Path,
+    slots: list[Slot],
+    enabled: set[int],
+    timings: ChartTimings,
+) -> str:
     servers = []
     for slot in slots:
         disabled = "" if slot.index in enabled else " disabled"
@@ -86,44 +94,47 @@ def render_config(*, frontend_port: int, socket_path: Path, slots: list[Slot],
             f"fall {timings.readiness_failure_threshold} "
             f"rise {timings.readiness_success_threshold}{disabled}"
         )
-    return "\n".join([
-        "global",
-        f"  stats socket {socket_path} mode 600 level admin",
-        "  log stdout format raw local0 info",
-        "  nbthread 1",
-        "defaults",
-        "  mode http",
-        "  log global",
-        '  log-format "rid=%[capture.req.hdr(0)] srv=%s status=%ST ta=%Ta term=%ts"',
-        "  timeout connect 3s",
-        "  timeout client 600s",
-        "  timeout server 600s",
-        # Longer than any client keeps an idle connection (the engine's aiohttp pool: 60 s),
-        # so the client always closes first: the other order races a new request against
-        # the close and drops it ("Server disconnected"), a harness fault, not the service's.
-        "  timeout http-keep-alive 600s",
-        # A Kubernetes Service neither retries nor moves a failed request to another pod.
-        "  retries 0",
-        # A new server connection per request: no idle HAProxy->vLLM connection that vLLM's
-        # 5 s keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) could close under a request.
-        "  option http-server-close",
-        "frontend api",
-        f"  bind 127.0.0.1:{frontend_port}",
-        "  capture request header x-request-id len 96",
-        f"  default_backend {BACKEND}",
-        f"backend {BACKEND}",
-        "  balance roundrobin",
-        "  option httpchk GET /readyz",
-        "  http-check expect status 200",
-        f"  timeout check {timings.readiness_timeout_seconds}s",
-        *servers,
-        "",
-    ])
+    return "\n".join(
+        [
+            "global",
+            f"  stats socket {socket_path} mode 600 level admin",
+            "  log stdout format raw local0 info",
+            "  nbthread 1",
+            "defaults",
+            "  mode http",
+            "  log global",
+            '  log-format "rid=%[capture.req.hdr(0)] srv=%s status=%ST ta=%Ta term=%ts"',
+            "  timeout connect 3s",
+            "  timeout client 600s",
+            "  timeout server 600s",
+            # Longer than any client keeps an idle connection (the engine's aiohttp pool: 60 s),
+            # so the client always closes first: the other order races a new request against
+            # the close and drops it ("Server disconnected"), a harness fault, not the service's.
+            "  timeout http-keep-alive 600s",
+            # A Kubernetes Service neither retries nor moves a failed request to another pod.
+            "  retries 0",
+            # A new server connection per request: no idle HAProxy->vLLM connection that vLLM's
+            # 5 s keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) could close under a request.
+            "  option http-server-close",
+            "frontend api",
+            f"  bind 127.0.0.1:{frontend_port}",
+            "  capture request header x-request-id len 96",
+            f"  default_backend {BACKEND}",
+            f"backend {BACKEND}",
+            "  balance roundrobin",
+            "  option httpchk GET /readyz",
+            "  http-check expect status 200",
+            f"  timeout check {timings.readiness_timeout_seconds}s",
+            *servers,
+            "",
+        ]
+    )
 
 
 class HAProxy:
-    def __init__(self, workdir: Path, slots: list[Slot], enabled: set[int],
-                 timings: ChartTimings) -> None:
+    def __init__(
+        self, workdir: Path, slots: list[Slot], enabled: set[int], timings: ChartTimings
+    ) -> None:
         self.binary = find_haproxy()
         self.workdir = workdir
         self.slots = slots
@@ -131,9 +142,15 @@ class HAProxy:
         self.socket_path = workdir / "haproxy.sock"
         self.config_path = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
-        self.config_path.write_text(render_config(
-            frontend_port=self.port, socket_path=self.socket_path, slots=slots,
-            enabled=enabled, timings=timings))
+        self.config_path.write_text(
+            render_config(
+                frontend_port=self.port,
+                socket_path=self.socket_path,
+                slots=slots,
+                enabled=enabled,
+                timings=timings,
+            )
+        )
         self.proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -142,14 +159,18 @@ class HAProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> HAProxy:
-        check = subprocess.run([self.binary, "-c", "-f", str(self.config_path)],
-                               capture_output=True, text=True)
+        check = subprocess.run(
+            [self.binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True
+        )
         if check.returncode != 0:
             raise RuntimeError(f"haproxy refused its config:\n{check.stdout}{check.stderr}")
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
-        self.proc = subprocess.Popen([self.binary, "-db", "-f", str(self.config_path)],
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [self.binary, "-db", "-f", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while not self.socket_path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -184,8 +205,10 @@ class HAProxy:
 
     def add_endpoint(self, slot: Slot) -> None:
         """A new pod: in the endpoints, not ready until its first passing probe."""
-        self.command(f"set server {BACKEND}/{slot.server} state ready; "
-                     f"set server {BACKEND}/{slot.server} health down")
+        self.command(
+            f"set server {BACKEND}/{slot.server} state ready; "
+            f"set server {BACKEND}/{slot.server} health down"
+        )
 
     def remove_endpoint(self, slot: Slot) -> None:
         """A terminating pod: no new requests; requests in flight run on."""
@@ -206,16 +229,24 @@ class HAProxy:
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if m := _LOG_RE.search(line):
                     entries[m["rid"]] = AccessLogEntry(
-                        request_id=m["rid"], server=m["srv"], status=int(m["status"]),
-                        total_ms=int(m["ta"]), termination=m["term"])
+                        request_id=m["rid"],
+                        server=m["srv"],
+                        status=int(m["status"]),
+                        total_ms=int(m["ta"]),
+                        termination=m["term"],
+                    )
         return entries
 
 
 class StateWatcher:
     """Polls HAProxy's view of every server; keeps each change with its perf_counter() time."""
 
-    def __init__(self, haproxy: HAProxy, interval: float = 0.25,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        haproxy: HAProxy,
+        interval: float = 0.25,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.haproxy = haproxy
         self.interval = interval
         self.clock = clock

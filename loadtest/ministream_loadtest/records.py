@@ -112,17 +112,22 @@ def classify_error(error: str) -> str:
 
 
 def load_records(
-    result: dict[str, Any], *, request_id_prefix: str = "",
+    result: dict[str, Any],
+    *,
+    request_id_prefix: str = "",
     expected_output_len: int | None = None,
 ) -> list[RequestRecord]:
     """Records from one engine result written with --save-detailed."""
     try:
         starts = result["start_times"]
-        columns = [result[k] for k in ("ttfts", "itls", "latencies", "input_lens",
-                                        "output_lens", "errors")]
+        columns = [
+            result[k] for k in ("ttfts", "itls", "latencies", "input_lens", "output_lens", "errors")
+        ]
     except KeyError as exc:
-        raise ValueError(f"engine result has no per-request detail ({exc}); "
-                         "it must be written with --save-detailed") from None
+        raise ValueError(
+            f"engine result has no per-request detail ({exc}); "
+            "it must be written with --save-detailed"
+        ) from None
     if any(len(col) != len(starts) for col in columns):
         raise ValueError("engine result's per-request lists differ in length")
     records = []
@@ -131,16 +136,27 @@ def load_records(
     ):
         # RequestFuncOutput: a success has no error text and a first token.
         success = not error and ttft > 0
-        records.append(RequestRecord(
-            index=i, request_id=f"{request_id_prefix}{i}", start=float(start),
-            success=success, error=error or "", ttft=float(ttft), itl=tuple(itl),
-            latency=float(latency), input_len=int(in_len), output_len=int(out_len),
-            expected_output_len=expected_output_len,
-        ))
+        records.append(
+            RequestRecord(
+                index=i,
+                request_id=f"{request_id_prefix}{i}",
+                start=float(start),
+                success=success,
+                error=error or "",
+                ttft=float(ttft),
+                itl=tuple(itl),
+                latency=float(latency),
+                input_len=int(in_len),
+                output_len=int(out_len),
+                expected_output_len=expected_output_len,
+            )
+        )
     completed = sum(r.success for r in records)
     if "completed" in result and completed != result["completed"]:
-        raise ValueError(f"engine result says completed={result['completed']} but its "
-                         f"per-request records hold {completed} successes")
+        raise ValueError(
+            f"engine result says completed={result['completed']} but its "
+            f"per-request records hold {completed} successes"
+        )
     return records
 
 

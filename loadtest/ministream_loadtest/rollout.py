@@ -74,13 +74,17 @@ def _say(message: str) -> None:
     print(f"ministream-loadtest rollout: {message}", file=sys.stderr, flush=True)
 
 
-def max_load_seconds(timings: ChartTimings, restarts: int, startup_timeout: float,
-                     lead_in: float, tail: float) -> float:
+def max_load_seconds(
+    timings: ChartTimings, restarts: int, startup_timeout: float, lead_in: float, tail: float
+) -> float:
     """A cap on the load that no rollout within its own timeouts can outlast: each replaced
     pod may take its whole startup timeout, and its predecessor the whole grace period. The
     load itself ends `tail` seconds after the rollout (the engine's SIGUSR1 hook)."""
-    per_pod = (startup_timeout + timings.termination_grace_period_seconds
-               + 2 * timings.readiness_period_seconds)
+    per_pod = (
+        startup_timeout
+        + timings.termination_grace_period_seconds
+        + 2 * timings.readiness_period_seconds
+    )
     return lead_in + restarts * per_pod + tail
 
 
@@ -114,8 +118,13 @@ class Rollout:
         n_slots = cfg.replicas + (1 if self.mode == "surge" else 0)
         self.slots = [Slot(i, free_port(), free_port()) for i in range(n_slots)]
         self.template = PodTemplate(
-            model=cfg.model, served_name=cfg.served_name, vllm_args=cfg.vllm_args,
-            timings=self.timings, log_dir=self.workdir / "pods", env=dict(cfg.env))
+            model=cfg.model,
+            served_name=cfg.served_name,
+            vllm_args=cfg.vllm_args,
+            timings=self.timings,
+            log_dir=self.workdir / "pods",
+            env=dict(cfg.env),
+        )
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened
@@ -133,8 +142,9 @@ class Rollout:
     # --- pods and slots -------------------------------------------------------------------
     def _slot_free(self, slot: Slot) -> bool:
         owner = self.slot_owner.get(slot.index)
-        return owner is None or (owner.exited and (owner.name in self.released
-                                                   or math.isinf(self.cfg.endpoint_lag)))
+        return owner is None or (
+            owner.exited and (owner.name in self.released or math.isinf(self.cfg.endpoint_lag))
+        )
 
     def _wait_free_slot(self, timeout: float) -> Slot:
         deadline = time.monotonic() + timeout
@@ -166,8 +176,10 @@ class Rollout:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pod {pod.name} not ready after {self.cfg.startup_timeout}s")
         pod.events["ready"] = time.perf_counter()
-        _say(f"[{self.rel(pod.events['ready']):8.1f}s] pod {pod.name} ready (in service) after "
-             f"{pod.events['ready'] - pod.events['created']:.1f}s")
+        _say(
+            f"[{self.rel(pod.events['ready']):8.1f}s] pod {pod.name} ready (in service) after "
+            f"{pod.events['ready'] - pod.events['created']:.1f}s"
+        )
         time.sleep(self.timings.min_ready_seconds)
 
     def _terminate_async(self, pod: Pod) -> None:
@@ -182,14 +194,18 @@ class Rollout:
         def shutdown() -> None:
             try:
                 pod.terminate(drain=self.cfg.drain)
-                _say(f"[{self.rel(pod.events['exited']):8.1f}s] pod {pod.name} gone "
-                     f"(vLLM status {pod.exit_code}{', SIGKILLed' if pod.killed else ''}; "
-                     f"preStop {pod.prestop and pod.prestop.get('seconds')}s)")
+                _say(
+                    f"[{self.rel(pod.events['exited']):8.1f}s] pod {pod.name} gone "
+                    f"(vLLM status {pod.exit_code}{', SIGKILLed' if pod.killed else ''}; "
+                    f"preStop {pod.prestop and pod.prestop.get('seconds')}s)"
+                )
             except BaseException as exc:  # surfaced in the main thread
                 self.errors.append(exc)
 
-        _say(f"[{self.rel(time.perf_counter()):8.1f}s] pod {pod.name} terminating "
-             f"({'preStop /drain, then ' if self.cfg.drain else 'no preStop, '}SIGTERM)")
+        _say(
+            f"[{self.rel(time.perf_counter()):8.1f}s] pod {pod.name} terminating "
+            f"({'preStop /drain, then ' if self.cfg.drain else 'no preStop, '}SIGTERM)"
+        )
         for target in (endpoint_removal, shutdown):
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
@@ -213,9 +229,11 @@ class Rollout:
         for i in enabled:
             self.haproxy.mark_unready(self.slots[i])
         self.watcher = StateWatcher(self.haproxy).start()
-        _say(f"HAProxy on {self.haproxy.url}; {len(self.slots)} slots, rollout mode "
-             f"{self.mode}, drain {'on' if cfg.drain else 'OFF (control run)'}; logs in "
-             f"{self.workdir}")
+        _say(
+            f"HAProxy on {self.haproxy.url}; {len(self.slots)} slots, rollout mode "
+            f"{self.mode}, drain {'on' if cfg.drain else 'OFF (control run)'}; logs in "
+            f"{self.workdir}"
+        )
         old = []
         for i in range(cfg.replicas):
             pod = Pod(f"v1-{i}", self.slots[i], self.template)
@@ -225,21 +243,33 @@ class Rollout:
         for pod in old:
             self._wait_pod_ready(pod)
         cold = max(p.events["ready"] - p.events["created"] for p in old)
-        duration = cfg.duration or max_load_seconds(self.timings, self.restarts,
-                                                    cfg.startup_timeout, cfg.lead_in, cfg.tail)
+        duration = cfg.duration or max_load_seconds(
+            self.timings, self.restarts, cfg.startup_timeout, cfg.lead_in, cfg.tail
+        )
         spec = LoadSpec(
-            base_url=self.haproxy.url, model=cfg.served_name,
-            tokenizer=cfg.tokenizer or cfg.model, api="completions",
-            input_tokens=cfg.input_tokens, output_tokens=cfg.output_tokens, range_ratio=0.0,
-            num_prompts=max(1, math.ceil(cfg.rate * duration)), request_rate=cfg.rate,
-            seed=cfg.seed, temperature=0.0, request_id_prefix=REQUEST_ID_PREFIX,
-            label="rollout")
-        engine = EngineProcess([(spec, self.workdir / "engine-result.json")],
-                               self.workdir / "engine.log")
+            base_url=self.haproxy.url,
+            model=cfg.served_name,
+            tokenizer=cfg.tokenizer or cfg.model,
+            api="completions",
+            input_tokens=cfg.input_tokens,
+            output_tokens=cfg.output_tokens,
+            range_ratio=0.0,
+            num_prompts=max(1, math.ceil(cfg.rate * duration)),
+            request_rate=cfg.rate,
+            seed=cfg.seed,
+            temperature=0.0,
+            request_id_prefix=REQUEST_ID_PREFIX,
+            label="rollout",
+        )
+        engine = EngineProcess(
+            [(spec, self.workdir / "engine-result.json")], self.workdir / "engine.log"
+        )
         self._engine = engine.start()
-        _say(f"all {cfg.replicas} pods ready (cold start {cold:.1f}s); load: {cfg.rate:g} "
-             f"requests/s through {ENGINE_NAME} until {cfg.tail:g}s after the rollout "
-             f"(at most {spec.num_prompts} requests)")
+        _say(
+            f"all {cfg.replicas} pods ready (cold start {cold:.1f}s); load: {cfg.rate:g} "
+            f"requests/s through {ENGINE_NAME} until {cfg.tail:g}s after the rollout "
+            f"(at most {spec.num_prompts} requests)"
+        )
         self.t0 = engine.wait_main_run(timeout=900)
         time.sleep(cfg.lead_in)
 
@@ -259,8 +289,10 @@ class Rollout:
                 thread.join(1.0)
         self._raise_thread_errors()
         t_end = time.perf_counter()
-        _say(f"[{self.rel(t_end):8.1f}s] rollout finished in {t_end - t_start:.1f}s; "
-             f"{cfg.tail:g}s more load")
+        _say(
+            f"[{self.rel(t_end):8.1f}s] rollout finished in {t_end - t_start:.1f}s; "
+            f"{cfg.tail:g}s more load"
+        )
         time.sleep(cfg.tail)
         engine.stop_arrivals()
         result = engine.wait(timeout=900)[0]
@@ -279,8 +311,9 @@ class Rollout:
     # --- the report -----------------------------------------------------------------------
     def _pod_at(self, server: str, t: float) -> str | None:
         for pod in self.pods:
-            if pod.slot.server == server and pod.events.get("created", math.inf) <= t \
-                    <= pod.events.get("exited", math.inf):
+            if pod.slot.server == server and pod.events.get(
+                "created", math.inf
+            ) <= t <= pod.events.get("exited", math.inf):
                 return pod.name
         return None
 
@@ -293,13 +326,21 @@ class Rollout:
             **latency_summary(records),
         }
 
-    def _report(self, result: dict[str, Any], spec: LoadSpec, t_start: float, t_end: float,
-                duration: float, cold: float) -> dict[str, Any]:
+    def _report(
+        self,
+        result: dict[str, Any],
+        spec: LoadSpec,
+        t_start: float,
+        t_end: float,
+        duration: float,
+        cold: float,
+    ) -> dict[str, Any]:
         assert self.haproxy is not None and self.watcher is not None
         self.watcher.stop()
         self.haproxy.stop()  # flushes the access log
-        records = load_records(result, request_id_prefix=REQUEST_ID_PREFIX,
-                               expected_output_len=spec.output_tokens)
+        records = load_records(
+            result, request_id_prefix=REQUEST_ID_PREFIX, expected_output_len=spec.output_tokens
+        )
         access = self.haproxy.access_log()
         failed = [r for r in records if not r.ok]
         by_pod: dict[str, int] = {}
@@ -308,16 +349,22 @@ class Rollout:
             entry = access.get(r.request_id)
             pod = self._pod_at(entry.server, r.start) if entry else None
             by_pod[pod or "none"] = by_pod.get(pod or "none", 0) + 1
-            failures.append({
-                "request_id": r.request_id, "sent_s": self.rel(r.start), "cause": r.cause,
-                "haproxy_server": entry.server if entry else None,
-                "haproxy_status": entry.status if entry else None, "pod": pod,
-            })
+            failures.append(
+                {
+                    "request_id": r.request_id,
+                    "sent_s": self.rel(r.start),
+                    "cause": r.cause,
+                    "haproxy_server": entry.server if entry else None,
+                    "haproxy_status": entry.status if entry else None,
+                    "pod": pod,
+                }
+            )
         matched = [r for r in records if r.request_id in access]
         # HAProxy logs each request it parsed: these never reached it as requests.
         unlogged = [r for r in records if r.request_id not in access]
-        mismatched = [r.request_id for r in matched
-                      if not r.agrees_with_status(access[r.request_id].status)]
+        mismatched = [
+            r.request_id for r in matched if not r.agrees_with_status(access[r.request_id].status)
+        ]
         inside = [r for r in records if t_start <= r.start <= t_end]
         before = [r for r in records if r.start < t_start]
         after = [r for r in records if r.start > t_end]
@@ -329,9 +376,12 @@ class Rollout:
             "failures_by_cause": failure_counts(records),
             "failure_examples": failure_examples(records),
             "failures_by_pod": dict(sorted(by_pod.items())),
-            "restart_window": {"start_s": self.rel(t_start), "end_s": self.rel(t_end),
-                               "duration_s": round(t_end - t_start, 3),
-                               **self._window(inside)},
+            "restart_window": {
+                "start_s": self.rel(t_start),
+                "end_s": self.rel(t_end),
+                "duration_s": round(t_end - t_start, 3),
+                **self._window(inside),
+            },
             "before_window": self._window(before),
             "after_window": self._window(after),
             "load_covered_rollout": last_send >= t_end,
@@ -343,32 +393,44 @@ class Rollout:
             "rollout_mode": self.mode,
             "replicas": self.cfg.replicas,
             "restarts": self.restarts,
-            "endpoint_lag_s": None if math.isinf(self.cfg.endpoint_lag) else
-            self.cfg.endpoint_lag,
+            "endpoint_lag_s": None if math.isinf(self.cfg.endpoint_lag) else self.cfg.endpoint_lag,
             "load": {
-                "engine": ENGINE_NAME, "engine_version": vllm_version(),
-                "api": spec.api, "request_rate": spec.request_rate,
-                "max_requests": spec.num_prompts, "max_duration_s": round(duration, 1),
-                "input_tokens": spec.input_tokens, "output_tokens": spec.output_tokens,
+                "engine": ENGINE_NAME,
+                "engine_version": vllm_version(),
+                "api": spec.api,
+                "request_rate": spec.request_rate,
+                "max_requests": spec.num_prompts,
+                "max_duration_s": round(duration, 1),
+                "input_tokens": spec.input_tokens,
+                "output_tokens": spec.output_tokens,
                 "engine_completed": int(result["completed"]),
                 "engine_failed": int(result["failed"]),
                 "engine_duration_s": round(float(result["duration"]), 3),
                 "raw_result": str(self.workdir / "engine-result.json"),
             },
             "access_log_check": {
-                "records": len(records), "matched": len(matched),
+                "records": len(records),
+                "matched": len(matched),
                 "status_disagreements": mismatched[:20],
-                "unlogged": [{"request_id": r.request_id, "sent_s": self.rel(r.start),
-                              "cause": r.cause} for r in unlogged],
+                "unlogged": [
+                    {"request_id": r.request_id, "sent_s": self.rel(r.start), "cause": r.cause}
+                    for r in unlogged
+                ],
             },
             "cold_start_s": round(cold, 1),
             "chart_timings": self.timings.as_dict(),
             "pods": [self._pod_report(p) for p in self.pods],
-            "lb_events": [{"t_s": self.rel(t), "server": s, "from": a, "to": b}
-                          for t, s, a, b in self.watcher.changes if t >= self.t0],
+            "lb_events": [
+                {"t_s": self.rel(t), "server": s, "from": a, "to": b}
+                for t, s, a, b in self.watcher.changes
+                if t >= self.t0
+            ],
             "failures": failures[:200],
-            "config": {k: str(v) if isinstance(v, Path) else v
-                       for k, v in asdict(self.cfg).items() if k != "env"},
+            "config": {
+                k: str(v) if isinstance(v, Path) else v
+                for k, v in asdict(self.cfg).items()
+                if k != "env"
+            },
             "machine": machine(),
             "artifacts_dir": str(self.workdir),
         }
@@ -378,11 +440,23 @@ class Rollout:
     def _pod_report(self, pod: Pod) -> dict[str, Any]:
         ev = pod.events
         return {
-            "name": pod.name, "slot": pod.slot.server,
-            **{f"{k}_s": self.rel(ev.get(k)) for k in
-               ("created", "ready", "terminating", "endpoint_removed", "sigterm", "exited")},
+            "name": pod.name,
+            "slot": pod.slot.server,
+            **{
+                f"{k}_s": self.rel(ev.get(k))
+                for k in (
+                    "created",
+                    "ready",
+                    "terminating",
+                    "endpoint_removed",
+                    "sigterm",
+                    "exited",
+                )
+            },
             "cold_start_s": round(ev["ready"] - ev["created"], 1) if "ready" in ev else None,
-            "prestop": pod.prestop, "vllm_exit_code": pod.exit_code, "sigkilled": pod.killed,
+            "prestop": pod.prestop,
+            "vllm_exit_code": pod.exit_code,
+            "sigkilled": pod.killed,
         }
 
 

@@ -32,8 +32,18 @@ from .engine import Api, LoadSpec, Slo
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 SweepMode = Literal["rate", "concurrency"]
-_KEYS = {"name", "description", "api", "input_tokens", "output_tokens", "range_ratio",
-         "requests", "sweep", "slo", "temperature"}
+_KEYS = {
+    "name",
+    "description",
+    "api",
+    "input_tokens",
+    "output_tokens",
+    "range_ratio",
+    "requests",
+    "sweep",
+    "slo",
+    "temperature",
+}
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "e2el_ms", "attainment"}
 
 
@@ -69,7 +79,11 @@ class Scenario:
         return int(self.input_tokens * (1 + ratio_in)) + int(self.output_tokens * (1 + ratio_out))
 
     def with_overrides(
-        self, *, requests: int | None = None, sweep: Sweep | None = None, slo: Slo | None = None,
+        self,
+        *,
+        requests: int | None = None,
+        sweep: Sweep | None = None,
+        slo: Slo | None = None,
         attainment: float | None = None,
     ) -> Scenario:
         return replace(
@@ -80,17 +94,27 @@ class Scenario:
             attainment=attainment if attainment is not None else self.attainment,
         )
 
-    def load_spec(self, value: float, *, base_url: str, model: str, tokenizer: str,
-                  seed: int = 0) -> LoadSpec:
+    def load_spec(
+        self, value: float, *, base_url: str, model: str, tokenizer: str, seed: int = 0
+    ) -> LoadSpec:
         """The engine run for one sweep point."""
         rate = value if self.sweep.mode == "rate" else None
         concurrency = int(value) if self.sweep.mode == "concurrency" else None
         return LoadSpec(
-            base_url=base_url, model=model, tokenizer=tokenizer, api=self.api,
-            input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-            range_ratio=self.range_ratio, num_prompts=self.requests, request_rate=rate,
-            max_concurrency=concurrency, seed=seed, temperature=self.temperature,
-            slo=self.slo, request_id_prefix=f"{self.name}-{self.sweep.mode}{value:g}-",
+            base_url=base_url,
+            model=model,
+            tokenizer=tokenizer,
+            api=self.api,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            range_ratio=self.range_ratio,
+            num_prompts=self.requests,
+            request_rate=rate,
+            max_concurrency=concurrency,
+            seed=seed,
+            temperature=self.temperature,
+            slo=self.slo,
+            request_id_prefix=f"{self.name}-{self.sweep.mode}{value:g}-",
             label=self.name,
         )
 
@@ -102,8 +126,11 @@ def _require(cond: bool, path: Path, message: str) -> None:
 
 def _positive_int(data: dict[str, Any], key: str, path: Path) -> int:
     value = data.get(key)
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, path,
-             f"{key} must be a positive integer, got {value!r}")
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        path,
+        f"{key} must be a positive integer, got {value!r}",
+    )
     return int(value)  # type: ignore[arg-type]
 
 
@@ -112,8 +139,11 @@ def _ratio(value: Any, path: Path) -> float | dict[str, float]:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
 
     if isinstance(value, dict):
-        _require(set(value) <= {"input", "output"} and all(ok(v) for v in value.values()),
-                 path, "range_ratio must map input/output to numbers in [0, 1)")
+        _require(
+            set(value) <= {"input", "output"} and all(ok(v) for v in value.values()),
+            path,
+            "range_ratio must map input/output to numbers in [0, 1)",
+        )
         return {k: float(v) for k, v in value.items()}
     _require(ok(value), path, f"range_ratio must be in [0, 1), got {value!r}")
     return float(value)
@@ -125,35 +155,63 @@ def load_scenario(path: Path) -> Scenario:
     unknown = set(data) - _KEYS
     _require(not unknown, path, f"unknown keys {sorted(unknown)}")
     name = data.get("name")
-    _require(isinstance(name, str) and name.replace("-", "").isalnum(), path,
-             f"name must be letters, digits and dashes, got {name!r}")
+    _require(
+        isinstance(name, str) and name.replace("-", "").isalnum(),
+        path,
+        f"name must be letters, digits and dashes, got {name!r}",
+    )
     api = data.get("api", "completions")
     _require(api in ("completions", "chat"), path, f"api must be chat or completions, not {api!r}")
     sweep = data.get("sweep")
-    _require(isinstance(sweep, dict) and set(sweep) == {"mode", "values"}, path,
-             "sweep must have exactly `mode` and `values`")
+    _require(
+        isinstance(sweep, dict) and set(sweep) == {"mode", "values"},
+        path,
+        "sweep must have exactly `mode` and `values`",
+    )
     mode = sweep["mode"]
-    _require(mode in ("rate", "concurrency"), path, f"sweep.mode must be rate or concurrency, "
-             f"not {mode!r}")
+    _require(
+        mode in ("rate", "concurrency"),
+        path,
+        f"sweep.mode must be rate or concurrency, not {mode!r}",
+    )
     values = sweep["values"]
-    _require(isinstance(values, list) and bool(values) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values),
-        path, "sweep.values must be a non-empty list of positive numbers")
+    _require(
+        isinstance(values, list)
+        and bool(values)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values),
+        path,
+        "sweep.values must be a non-empty list of positive numbers",
+    )
     if mode == "concurrency":
-        _require(all(float(v).is_integer() for v in values), path,
-                 "concurrency sweep values must be whole numbers")
+        _require(
+            all(float(v).is_integer() for v in values),
+            path,
+            "concurrency sweep values must be whole numbers",
+        )
     slo = data.get("slo") or {}
-    _require(isinstance(slo, dict) and set(slo) <= _SLO_KEYS, path,
-             f"slo keys must be among {sorted(_SLO_KEYS)}")
+    _require(
+        isinstance(slo, dict) and set(slo) <= _SLO_KEYS,
+        path,
+        f"slo keys must be among {sorted(_SLO_KEYS)}",
+    )
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        _require(slo.get(key) is None or (isinstance(slo[key], (int, float)) and slo[key] > 0),
-                 path, f"slo.{key} must be a positive number")
+        _require(
+            slo.get(key) is None or (isinstance(slo[key], (int, float)) and slo[key] > 0),
+            path,
+            f"slo.{key} must be a positive number",
+        )
     attainment = slo.get("attainment", 0.95)
-    _require(isinstance(attainment, (int, float)) and 0 < attainment <= 1, path,
-             "slo.attainment must be in (0, 1]")
+    _require(
+        isinstance(attainment, (int, float)) and 0 < attainment <= 1,
+        path,
+        "slo.attainment must be in (0, 1]",
+    )
     temperature = data.get("temperature", 0.0)
-    _require(temperature is None or isinstance(temperature, (int, float)), path,
-             "temperature must be a number")
+    _require(
+        temperature is None or isinstance(temperature, (int, float)),
+        path,
+        "temperature must be a number",
+    )
     return Scenario(
         name=name,
         api=api,
@@ -161,8 +219,7 @@ def load_scenario(path: Path) -> Scenario:
         output_tokens=_positive_int(data, "output_tokens", path),
         requests=_positive_int(data, "requests", path),
         sweep=Sweep(mode=mode, values=tuple(float(v) for v in values)),
-        slo=Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"),
-                e2el_ms=slo.get("e2el_ms")),
+        slo=Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"), e2el_ms=slo.get("e2el_ms")),
         attainment=float(attainment),
         range_ratio=_ratio(data.get("range_ratio", 0.0), path),
         temperature=None if temperature is None else float(temperature),

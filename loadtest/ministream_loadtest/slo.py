@@ -26,7 +26,11 @@ def _metric(result: dict[str, Any], metric: str) -> dict[str, float | None]:
 
 
 def point_report(
-    result: dict[str, Any], *, scenario: Scenario, value: float, raw_file: Path,
+    result: dict[str, Any],
+    *,
+    scenario: Scenario,
+    value: float,
+    raw_file: Path,
     report_dir: Path,
 ) -> dict[str, Any]:
     spec_prefix = f"{scenario.name}-{scenario.sweep.mode}{value:g}-"
@@ -38,10 +42,14 @@ def point_report(
     attainment = None if good is None or sent == 0 else good / sent
     return {
         "load": {scenario.sweep.mode: value},
-        "raw": str(raw_file.relative_to(report_dir)) if raw_file.is_relative_to(report_dir)
+        "raw": str(raw_file.relative_to(report_dir))
+        if raw_file.is_relative_to(report_dir)
         else str(raw_file),
-        "requests": {"sent": sent, "completed": int(result["completed"]),
-                     "failed": int(result["failed"])},
+        "requests": {
+            "sent": sent,
+            "completed": int(result["completed"]),
+            "failed": int(result["failed"]),
+        },
         "errors": failure_counts(records),
         "error_examples": failure_examples(records),
         "duration_s": round(duration, 3),
@@ -57,8 +65,10 @@ def point_report(
             "attainment": attainment,
             "passed": None if attainment is None else attainment >= scenario.attainment,
         },
-        "tokens": {"input": int(result["total_input_tokens"]),
-                   "output": int(result["total_output_tokens"])},
+        "tokens": {
+            "input": int(result["total_input_tokens"]),
+            "output": int(result["total_output_tokens"]),
+        },
     }
 
 
@@ -79,7 +89,11 @@ def scenario_report(scenario: Scenario, points: list[dict[str, Any]]) -> dict[st
 
 
 def report(
-    scenarios: list[dict[str, Any]], *, base_url: str, model: str, command: list[str],
+    scenarios: list[dict[str, Any]],
+    *,
+    base_url: str,
+    model: str,
+    command: list[str],
 ) -> dict[str, Any]:
     return {
         "engine": {"name": ENGINE_NAME, "version": vllm_version()},

@@ -33,17 +33,19 @@ def load_raw_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             f"{path} cannot be loaded with weights_only=True: it needs arbitrary code to "
             f"unpickle, which MiniStream refuses for safety ({_first_line(exc)}). Re-save it "
             "from the training framework as a plain state dict (torch.save(model.state_dict(), "
-            "path)).") from None
+            "path))."
+        ) from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as exc:
         raise CheckpointError(
-            f"{path} is not a readable torch checkpoint (truncated or corrupt?): "
-            f"{_first_line(exc)}") from None
+            f"{path} is not a readable torch checkpoint (truncated or corrupt?): {_first_line(exc)}"
+        ) from None
     if isinstance(obj, dict) and isinstance(obj.get(_STATE_DICT_KEY), dict):
         obj = obj[_STATE_DICT_KEY]
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(
             f"{path} holds {type(obj).__name__}, not a state dict (a dict of tensors, or a "
-            f"dict with the state dict under {_STATE_DICT_KEY!r})")
+            f"dict with the state dict under {_STATE_DICT_KEY!r})"
+        )
     bad = sorted(k for k, v in obj.items() if not isinstance(v, torch.Tensor))
     if bad:
         raise CheckpointError(f"{path}: state dict entries are not tensors: {', '.join(bad)}")

@@ -17,19 +17,29 @@ def _demo(args: argparse.Namespace) -> int:
     from ministream.demo import write_demo_checkpoint
 
     out = write_demo_checkpoint(args.preset, args.output, seed=args.seed)
-    print(f"wrote demo checkpoint ({args.preset}) to {out}: model.pt, train_config.json, "
-          "tokenizer/")
+    print(
+        f"wrote demo checkpoint ({args.preset}) to {out}: model.pt, train_config.json, tokenizer/"
+    )
     return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
     from ministream.convert import convert
 
-    result = convert(args.checkpoint, args.train_config, args.tokenizer, args.output,
-                     dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force,
-                     progress=not args.quiet)
-    print(f"converted {result.num_tensors} tensors into {result.num_shards} shard(s) at "
-          f"{result.output} (model hash {result.manifest.model_hash[:16]})")
+    result = convert(
+        args.checkpoint,
+        args.train_config,
+        args.tokenizer,
+        args.output,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        force=args.force,
+        progress=not args.quiet,
+    )
+    print(
+        f"converted {result.num_tensors} tensors into {result.num_shards} shard(s) at "
+        f"{result.output} (model hash {result.manifest.model_hash[:16]})"
+    )
     return 0
 
 
@@ -37,8 +47,10 @@ def _verify(args: argparse.Namespace) -> int:
     from ministream.manifest import verify_dir
 
     manifest = verify_dir(args.model)
-    print(f"{args.model}: {len(manifest.files)} files verified "
-          f"(model hash {manifest.model_hash[:16]})")
+    print(
+        f"{args.model}: {len(manifest.files)} files verified "
+        f"(model hash {manifest.model_hash[:16]})"
+    )
     return 0
 
 
@@ -56,8 +68,16 @@ def _reference(args: argparse.Namespace) -> int:
         dump_hidden_states(model, ids, args.dump)
         print(f"wrote per-layer hidden states for {len(ids)} tokens to {args.dump}")
     out, logprobs = model.generate_greedy(ids, args.max_tokens)
-    print(json.dumps({"prompt_ids": ids, "output_ids": out, "text": tok.decode(out),
-                      "top_logprobs": [{str(k): v for k, v in lp.items()} for lp in logprobs]}))
+    print(
+        json.dumps(
+            {
+                "prompt_ids": ids,
+                "output_ids": out,
+                "text": tok.decode(out),
+                "top_logprobs": [{str(k): v for k, v in lp.items()} for lp in logprobs],
+            }
+        )
+    )
     return 0
 
 
@@ -65,17 +85,26 @@ def _upload(args: argparse.Namespace) -> int:
     from ministream.upload import upload
 
     try:
-        result = upload(args.model, args.url, jobs=args.jobs,
-                        part_size=args.part_size_mib * 1024 * 1024,
-                        delete_stray=args.delete_stray, progress=not args.quiet)
+        result = upload(
+            args.model,
+            args.url,
+            jobs=args.jobs,
+            part_size=args.part_size_mib * 1024 * 1024,
+            delete_stray=args.delete_stray,
+            progress=not args.quiet,
+        )
     except KeyboardInterrupt:
-        print(f"interrupted: {args.url} has no manifest yet, so it does not look complete; "
-              "re-run the same command to resume (finished files are skipped)",
-              file=sys.stderr)
+        print(
+            f"interrupted: {args.url} has no manifest yet, so it does not look complete; "
+            "re-run the same command to resume (finished files are skipped)",
+            file=sys.stderr,
+        )
         return 130
-    print(f"uploaded {len(result.uploaded)} file(s) ({result.bytes_uploaded / 1e6:.1f} MB), "
-          f"skipped {len(result.skipped)} already present, deleted {len(result.deleted)}; "
-          f"{result.url} verified (model hash {result.manifest.model_hash[:16]})")
+    print(
+        f"uploaded {len(result.uploaded)} file(s) ({result.bytes_uploaded / 1e6:.1f} MB), "
+        f"skipped {len(result.skipped)} already present, deleted {len(result.deleted)}; "
+        f"{result.url} verified (model hash {result.manifest.model_hash[:16]})"
+    )
     return 0
 
 
@@ -83,16 +112,27 @@ def _shard(args: argparse.Namespace) -> int:
     from ministream.convert import parse_size
     from ministream.shard import shard
 
-    result = shard(args.model, args.tensor_parallel_size, args.output, dtype=args.dtype,
-                   max_part_bytes=parse_size(args.max_part_size), force=args.force,
-                   progress=not args.quiet)
+    result = shard(
+        args.model,
+        args.tensor_parallel_size,
+        args.output,
+        dtype=args.dtype,
+        max_part_bytes=parse_size(args.max_part_size),
+        force=args.force,
+        progress=not args.quiet,
+    )
     info = result.info
-    what = "already up to date" if result.reused else \
-        f"written and verified by reloading in {result.seconds:.0f}s"
-    print(f"{result.output}: shard set for tensor-parallel size {info.tensor_parallel_size} "
-          f"of model {info.source_model_hash[:16]} ({len(info.files)} file(s)), {what}. "
-          f"Serve: --load-format sharded_state (runai_streamer_sharded on S3) "
-          f"--tensor-parallel-size {info.tensor_parallel_size}")
+    what = (
+        "already up to date"
+        if result.reused
+        else f"written and verified by reloading in {result.seconds:.0f}s"
+    )
+    print(
+        f"{result.output}: shard set for tensor-parallel size {info.tensor_parallel_size} "
+        f"of model {info.source_model_hash[:16]} ({len(info.files)} file(s)), {what}. "
+        f"Serve: --load-format sharded_state (runai_streamer_sharded on S3) "
+        f"--tensor-parallel-size {info.tensor_parallel_size}"
+    )
     return 0
 
 
@@ -117,8 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a raw checkpoint into a servable directory")
     p.add_argument("--checkpoint", required=True, type=Path, help="model.pt")
     p.add_argument("--train-config", required=True, type=Path, help="train_config.json")
-    p.add_argument("--tokenizer", required=True, type=Path,
-                   help="tokenizer.json or a directory of Hugging Face tokenizer files")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        type=Path,
+        help="tokenizer.json or a directory of Hugging Face tokenizer files",
+    )
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--max-shard-size", default="2GB", help="e.g. 2GB, 500MiB (default 2GB)")
@@ -137,37 +181,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", type=Path, help="write per-layer hidden states (torch.save)")
     p.set_defaults(handler=_reference)
 
-    p = sub.add_parser("upload", help="upload a converted model or shard set to S3 "
-                       "(resumable; manifest written last)")
+    p = sub.add_parser(
+        "upload",
+        help="upload a converted model or shard set to S3 (resumable; manifest written last)",
+    )
     p.add_argument("model", type=Path, help="converted model directory or shard set")
     p.add_argument("url", help="s3://BUCKET/PREFIX (endpoint/credentials: standard AWS env)")
     p.add_argument("--jobs", type=int, default=8, help="parallel transfers (default 8)")
-    p.add_argument("--part-size-mib", type=int, default=64,
-                   help="multipart part size in MiB (default 64)")
-    p.add_argument("--delete-stray", action="store_true",
-                   help="delete *.safetensors under the prefix that the manifest does not list")
+    p.add_argument(
+        "--part-size-mib", type=int, default=64, help="multipart part size in MiB (default 64)"
+    )
+    p.add_argument(
+        "--delete-stray",
+        action="store_true",
+        help="delete *.safetensors under the prefix that the manifest does not list",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_upload)
 
-    p = sub.add_parser("shard", help="pre-shard a model for one tensor-parallel size "
-                       "(vLLM sharded_state layout)")
+    p = sub.add_parser(
+        "shard", help="pre-shard a model for one tensor-parallel size (vLLM sharded_state layout)"
+    )
     p.add_argument("--model", required=True, help="converted model directory or s3:// URL")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, required=True)
     p.add_argument("--output", required=True, help="directory or s3:// URL")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
-                   help="dtype of the shards; serve with the same --dtype (default: the "
-                   "model's own dtype)")
-    p.add_argument("--max-part-size", default="5GB",
-                   help="split each rank's state into files of at most this size (default 5GB)")
-    p.add_argument("--force", action="store_true",
-                   help="replace an output that holds something else")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        help="dtype of the shards; serve with the same --dtype (default: the model's own dtype)",
+    )
+    p.add_argument(
+        "--max-part-size",
+        default="5GB",
+        help="split each rank's state into files of at most this size (default 5GB)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace an output that holds something else"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_shard)
 
     # Listed for --help only: main() hands everything after `up` to the launcher's own
     # parser (argparse's REMAINDER does not take a leading `--model`).
-    sub.add_parser("up", help="serve a model locally: vLLM + the sidecar "
-                   "(`ministream up --help`)", add_help=False)
+    sub.add_parser(
+        "up",
+        help="serve a model locally: vLLM + the sidecar (`ministream up --help`)",
+        add_help=False,
+    )
 
     return parser
 

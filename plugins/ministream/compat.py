@@ -38,8 +38,12 @@ def rope_parameters(config: Any) -> dict[str, Any]:
 
 def make_rope(config: Any, head_dim: int) -> nn.Module:
     """NeoX (rotate-half) RoPE over the whole head_dim (DESIGN §3)."""
-    return get_rope(head_dim, max_position=config.max_position_embeddings,
-                    is_neox_style=True, rope_parameters=rope_parameters(config))
+    return get_rope(
+        head_dim,
+        max_position=config.max_position_embeddings,
+        is_neox_style=True,
+        rope_parameters=rope_parameters(config),
+    )
 
 
 def build_model(vllm_config: Any) -> nn.Module:
@@ -48,6 +52,7 @@ def build_model(vllm_config: Any) -> nn.Module:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     with set_default_torch_dtype(vllm_config.model_config.dtype), torch.device("cpu"):
-        model: nn.Module = initialize_model(vllm_config=vllm_config,
-                                            model_config=vllm_config.model_config)
+        model: nn.Module = initialize_model(
+            vllm_config=vllm_config, model_config=vllm_config.model_config
+        )
     return model

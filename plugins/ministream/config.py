@@ -46,7 +46,8 @@ class MiniStreamConfig(PretrainedConfig):
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = (
-            num_attention_heads if num_key_value_heads is None else num_key_value_heads)
+            num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        )
         self.head_dim = hidden_size // num_attention_heads if head_dim is None else head_dim
         self.max_position_embeddings = max_position_embeddings
         self.rms_norm_eps = rms_norm_eps

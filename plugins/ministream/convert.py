@@ -31,9 +31,16 @@ from ministream.train_config import TrainConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 INDEX_NAME = "model.safetensors.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
@@ -60,21 +67,27 @@ def check_raw_tensors(raw: dict[str, torch.Tensor], cfg: TrainConfig) -> None:
     expected = {name: shape for name, shape, _ in conversion_plan(cfg)}
     missing = sorted(expected.keys() - raw.keys())
     unexpected = sorted(raw.keys() - expected.keys())
-    wrong = sorted(f"{name} has shape {tuple(raw[name].shape)}, config implies {shape}"
-                   for name, shape in expected.items()
-                   if name in raw and tuple(raw[name].shape) != shape)
+    wrong = sorted(
+        f"{name} has shape {tuple(raw[name].shape)}, config implies {shape}"
+        for name, shape in expected.items()
+        if name in raw and tuple(raw[name].shape) != shape
+    )
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(missing)}")
     if unexpected:
-        hint = (" (lm_head.weight with tie_embeddings=true: the config contradicts the "
-                "checkpoint)" if "lm_head.weight" in unexpected else "")
+        hint = (
+            " (lm_head.weight with tie_embeddings=true: the config contradicts the checkpoint)"
+            if "lm_head.weight" in unexpected
+            else ""
+        )
         problems.append(f"unexpected tensors: {', '.join(unexpected)}{hint}")
     if wrong:
         problems.append("shape mismatches: " + "; ".join(wrong))
     if problems:
         raise CheckpointError(
-            "checkpoint does not match train_config.json: " + " | ".join(problems))
+            "checkpoint does not match train_config.json: " + " | ".join(problems)
+        )
 
 
 def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
@@ -87,7 +100,8 @@ def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
     if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in files):
         raise CheckpointError(
             f"{src}: no tokenizer.json or tokenizer.model found (give a tokenizer.json file "
-            "or a directory of Hugging Face tokenizer files)")
+            "or a directory of Hugging Face tokenizer files)"
+        )
     for f in files:
         shutil.copy2(f, dst / f.name)
     if (dst / "tokenizer.json").exists():
@@ -97,7 +111,8 @@ def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
         if size > vocab_size:
             raise CheckpointError(
                 f"tokenizer has {size} tokens but the model's vocab_size is {vocab_size}: "
-                "token ids past the embedding would crash serving; pass the training tokenizer")
+                "token ids past the embedding would crash serving; pass the training tokenizer"
+            )
 
 
 class _ShardWriter:
@@ -168,14 +183,15 @@ def convert(
         consumed: set[str] = set()
         produced: set[str] = set()
         total_bytes = sum(raw[name].numel() for name, _, _ in plan) * DTYPES[dtype].itemsize
-        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="convert",
-                  disable=not progress) as bar:
+        with tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
+        ) as bar:
             for raw_name, _, slices in plan:
                 assert raw_name not in consumed, raw_name
                 consumed.add(raw_name)
                 source = raw.pop(raw_name)  # drop our reference: the mapping can be released
                 for s in slices:
-                    tensor = source[s.start:s.stop].to(DTYPES[dtype]).contiguous()
+                    tensor = source[s.start : s.stop].to(DTYPES[dtype]).contiguous()
                     assert tuple(tensor.shape) == s.shape and s.hf not in produced, s
                     writer.add(s.hf, tensor)
                     produced.add(s.hf)
@@ -187,22 +203,39 @@ def convert(
         weight_map = writer.finish()
         expected = {s.hf for _, _, slices in plan for s in slices}
         assert produced == expected == weight_map.keys(), expected ^ produced
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({
-            "metadata": {"total_size": total_bytes},
-            "weight_map": dict(sorted(weight_map.items())),
-        }, indent=2) + "\n")
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps(
+                {
+                    "metadata": {"total_size": total_bytes},
+                    "weight_map": dict(sorted(weight_map.items())),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         hf_config = cfg.to_hf(torch_dtype=dtype).to_dict()
         hf_config["torch_dtype"] = dtype  # DESIGN §4 names it; transformers 5 reads "dtype"
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps({
-            "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id,
-        }, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps(
+                {
+                    "bos_token_id": cfg.bos_id,
+                    "eos_token_id": cfg.eos_id,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         _copy_tokenizer(Path(tokenizer), tmp, cfg.vocab_size)
-        manifest = Manifest.build(tmp, dtype=dtype, source={
-            "checkpoint": Path(checkpoint).name,
-            "checkpoint_sha256": sha256_file(checkpoint),
-            "train_config_sha256": sha256_file(train_config),
-        })
+        manifest = Manifest.build(
+            tmp,
+            dtype=dtype,
+            source={
+                "checkpoint": Path(checkpoint).name,
+                "checkpoint_sha256": sha256_file(checkpoint),
+                "train_config_sha256": sha256_file(train_config),
+            },
+        )
         (tmp / MANIFEST_NAME).write_text(manifest.to_json())
         make_world_readable(tmp)
         _replace_dir(tmp, output)

@@ -33,6 +33,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+
 def random_state_dict(cfg: TrainConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
@@ -51,16 +52,118 @@ def _corpus(seed: int, n_words: int) -> Iterator[str]:
     """Synthetic text: common English words and pronounceable pseudo-words."""
     rng = random.Random(seed)
     common = (
-        "the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on",
-        "are", "as", "with", "his", "they", "at", "be", "this", "have", "from", "or", "one",
-        "had", "by", "word", "but", "not", "what", "all", "were", "we", "when", "your", "can",
-        "said", "there", "use", "an", "each", "which", "she", "do", "how", "their", "if", "will",
-        "up", "other", "about", "out", "many", "then", "them", "these", "so", "some", "her",
-        "would", "make", "like", "him", "into", "time", "has", "look", "two", "more", "write",
-        "go", "see", "number", "no", "way", "could", "people", "my", "than", "first", "water",
-        "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get",
-        "come", "made", "may", "part", "model", "stream", "token", "serve", "request", "latency",
-        "cluster", "tensor", "parallel", "weight", "shard", "warmup", "ready", "drain",
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "you",
+        "that",
+        "it",
+        "he",
+        "was",
+        "for",
+        "on",
+        "are",
+        "as",
+        "with",
+        "his",
+        "they",
+        "at",
+        "be",
+        "this",
+        "have",
+        "from",
+        "or",
+        "one",
+        "had",
+        "by",
+        "word",
+        "but",
+        "not",
+        "what",
+        "all",
+        "were",
+        "we",
+        "when",
+        "your",
+        "can",
+        "said",
+        "there",
+        "use",
+        "an",
+        "each",
+        "which",
+        "she",
+        "do",
+        "how",
+        "their",
+        "if",
+        "will",
+        "up",
+        "other",
+        "about",
+        "out",
+        "many",
+        "then",
+        "them",
+        "these",
+        "so",
+        "some",
+        "her",
+        "would",
+        "make",
+        "like",
+        "him",
+        "into",
+        "time",
+        "has",
+        "look",
+        "two",
+        "more",
+        "write",
+        "go",
+        "see",
+        "number",
+        "no",
+        "way",
+        "could",
+        "people",
+        "my",
+        "than",
+        "first",
+        "water",
+        "been",
+        "call",
+        "who",
+        "oil",
+        "its",
+        "now",
+        "find",
+        "long",
+        "down",
+        "day",
+        "did",
+        "get",
+        "come",
+        "made",
+        "may",
+        "part",
+        "model",
+        "stream",
+        "token",
+        "serve",
+        "request",
+        "latency",
+        "cluster",
+        "tensor",
+        "parallel",
+        "weight",
+        "shard",
+        "warmup",
+        "ready",
+        "drain",
     )
     syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "ch", "sh", "ing"]
     for _ in range(n_words // 12):
@@ -81,8 +184,11 @@ def train_tokenizer(vocab_size: int, out_dir: Path, seed: int = 0) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(seed, n_words=min(60 * vocab_size, 400_000)), trainer)
     # A small corpus may learn fewer merges than the model's vocabulary; fill the rest with
     # reserved tokens so that every id the model can emit decodes.
@@ -92,18 +198,30 @@ def train_tokenizer(vocab_size: int, out_dir: Path, seed: int = 0) -> None:
     assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "add_bos_token": False, "model_max_length": 1_000_000,
-        "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE,
-    }, indent=2) + "\n")
-    (out_dir / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "add_bos_token": False,
+                "model_max_length": 1_000_000,
+                "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (out_dir / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n"
+    )
 
 
-def write_demo_checkpoint(preset: str, out_dir: str | Path, seed: int = 0,
-                          config: TrainConfig | None = None) -> Path:
+def write_demo_checkpoint(
+    preset: str, out_dir: str | Path, seed: int = 0, config: TrainConfig | None = None
+) -> Path:
     """Write `model.pt`, `train_config.json`, `tokenizer/` under `out_dir` (atomically)."""
     if config is None:
         if preset not in PRESETS:
@@ -115,8 +233,10 @@ def write_demo_checkpoint(preset: str, out_dir: str | Path, seed: int = 0,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        torch.save({"model": random_state_dict(config, seed), "step": 0,
-                    "optimizer": {"lr": 0.0}}, tmp / "model.pt")
+        torch.save(
+            {"model": random_state_dict(config, seed), "step": 0, "optimizer": {"lr": 0.0}},
+            tmp / "model.pt",
+        )
         (tmp / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         train_tokenizer(config.vocab_size, tmp / "tokenizer", seed)
         make_world_readable(tmp)

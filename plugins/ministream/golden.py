@@ -33,8 +33,13 @@ class Completion:
     logprobs: list[dict[int, float]]  # top-k per generated position
 
 
-def reference_completions(model_dir: str | Path, prompts: list[list[int]], max_tokens: int,
-                          top_k: int = 5, device: str = "cpu") -> list[Completion]:
+def reference_completions(
+    model_dir: str | Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    top_k: int = 5,
+    device: str = "cpu",
+) -> list[Completion]:
     """The reference model in float32 (on `device`) on the directory's weights."""
     import torch
 
@@ -48,21 +53,28 @@ def reference_completions(model_dir: str | Path, prompts: list[list[int]], max_t
     return out
 
 
-def vllm_completions(model_dir: str | Path, prompts: list[list[int]], max_tokens: int,
-                     top_k: int = 5, **llm_kwargs: Any) -> list[Completion]:
+def vllm_completions(
+    model_dir: str | Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    top_k: int = 5,
+    **llm_kwargs: Any,
+) -> list[Completion]:
     """Greedy decode with an offline vLLM engine (call under `if __name__ == "__main__"`)."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model_dir), **llm_kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k,
-                            ignore_eos=False)
-    results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                           use_tqdm=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, logprobs=top_k, ignore_eos=False
+    )
+    results = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
     out = []
     for prompt, result in zip(prompts, results, strict=True):
         seq = result.outputs[0]
-        logprobs = [{int(tok): float(lp.logprob) for tok, lp in step.items()}
-                    for step in (seq.logprobs or [])]
+        logprobs = [
+            {int(tok): float(lp.logprob) for tok, lp in step.items()}
+            for step in (seq.logprobs or [])
+        ]
         out.append(Completion(list(prompt), list(seq.token_ids), logprobs))
     return out
 
@@ -74,8 +86,13 @@ class Mismatch:
     detail: str
 
 
-def compare(expected: list[Completion], actual: list[Completion], *, atol: float,
-            require_identical: bool = True) -> list[Mismatch]:
+def compare(
+    expected: list[Completion],
+    actual: list[Completion],
+    *,
+    atol: float,
+    require_identical: bool = True,
+) -> list[Mismatch]:
     """Check `actual` against `expected`; return every violation (empty list = pass).
 
     Top-k logprobs present in both are compared with absolute tolerance `atol` up to the
@@ -91,18 +108,33 @@ def compare(expected: list[Completion], actual: list[Completion], *, atol: float
             e_lp, a_lp = exp.logprobs[pos], act.logprobs[pos]
             if e_tok != a_tok:
                 if require_identical or e_tok not in a_lp or a_tok not in e_lp:
-                    problems.append(Mismatch(i, pos, f"token {a_tok} != expected {e_tok}; "
-                                                     f"expected top-k {e_lp}, got {a_lp}"))
+                    problems.append(
+                        Mismatch(
+                            i,
+                            pos,
+                            f"token {a_tok} != expected {e_tok}; expected top-k {e_lp}, got {a_lp}",
+                        )
+                    )
                 break
             for tok in e_lp.keys() & a_lp.keys():
                 if abs(e_lp[tok] - a_lp[tok]) > atol:
-                    problems.append(Mismatch(
-                        i, pos, f"logprob of token {tok}: {a_lp[tok]:.5f} vs expected "
-                                f"{e_lp[tok]:.5f} (atol {atol})"))
+                    problems.append(
+                        Mismatch(
+                            i,
+                            pos,
+                            f"logprob of token {tok}: {a_lp[tok]:.5f} vs expected "
+                            f"{e_lp[tok]:.5f} (atol {atol})",
+                        )
+                    )
         else:
             if len(exp.tokens) != len(act.tokens):
-                problems.append(Mismatch(i, min(len(exp.tokens), len(act.tokens)),
-                                         f"length {len(act.tokens)} != {len(exp.tokens)}"))
+                problems.append(
+                    Mismatch(
+                        i,
+                        min(len(exp.tokens), len(act.tokens)),
+                        f"length {len(act.tokens)} != {len(exp.tokens)}",
+                    )
+                )
     return problems
 
 
@@ -130,9 +162,14 @@ def save(completions: list[Completion], path: str | Path) -> None:
 
 
 def load(path: str | Path) -> list[Completion]:
-    return [Completion(c["prompt"], c["tokens"],
-                       [{int(k): v for k, v in step.items()} for step in c["logprobs"]])
-            for c in json.loads(Path(path).read_text())]
+    return [
+        Completion(
+            c["prompt"],
+            c["tokens"],
+            [{int(k): v for k, v in step.items()} for step in c["logprobs"]],
+        )
+        for c in json.loads(Path(path).read_text())
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,15 +188,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prompts = [list(p) for p in DEFAULT_PROMPTS]
     if args.engine == "reference":
-        result = reference_completions(args.model, prompts, args.max_tokens,
-                                       device=args.device)
+        result = reference_completions(args.model, prompts, args.max_tokens, device=args.device)
     else:
-        extra = ({} if args.gpu_memory_utilization is None
-                 else {"gpu_memory_utilization": args.gpu_memory_utilization})
+        extra = (
+            {}
+            if args.gpu_memory_utilization is None
+            else {"gpu_memory_utilization": args.gpu_memory_utilization}
+        )
         result = vllm_completions(
-            args.model, prompts, args.max_tokens, dtype=args.dtype,
-            tensor_parallel_size=args.tp, load_format=args.load_format,
-            max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0, **extra)
+            args.model,
+            prompts,
+            args.max_tokens,
+            dtype=args.dtype,
+            tensor_parallel_size=args.tp,
+            load_format=args.load_format,
+            max_model_len=args.max_model_len,
+            enforce_eager=args.eager,
+            seed=0,
+            **extra,
+        )
     tmp = Path(f"{args.out}.tmp")
     save(result, tmp)
     shutil.move(tmp, args.out)

@@ -50,8 +50,10 @@ PIN_ENV = "MINISTREAM_MODEL_HASH"
 def pinned_hash() -> str | None:
     pinned = os.environ.get(PIN_ENV, "").strip().lower()
     if pinned and len(pinned) < 12:
-        raise CheckpointError(f"{PIN_ENV}={pinned!r} is too short: give at least 12 hex digits "
-                              "of the model hash (`ministream verify DIR` prints it)")
+        raise CheckpointError(
+            f"{PIN_ENV}={pinned!r} is too short: give at least 12 hex digits "
+            "of the model hash (`ministream verify DIR` prints it)"
+        )
     return pinned or None
 
 
@@ -60,7 +62,8 @@ def _check_pin(model_hash: str, what: str) -> None:
     if pinned is not None and not model_hash.startswith(pinned):
         raise ShardError(
             f"{what} was made from model {model_hash[:16]}, but this deployment expects model "
-            f"{pinned[:16]} ({PIN_ENV}). Point it at that model's files, or update {PIN_ENV}.")
+            f"{pinned[:16]} ({PIN_ENV}). Point it at that model's files, or update {PIN_ENV}."
+        )
 
 
 class Location:
@@ -85,8 +88,11 @@ class Location:
         if self.is_s3:
             from ministream.s3 import list_objects
 
-            return {name: obj.size for name, obj in list_objects(self._client, self.url).items()
-                    if "/" not in name}
+            return {
+                name: obj.size
+                for name, obj in list_objects(self._client, self.url).items()
+                if "/" not in name
+            }
         return {p.name: p.stat().st_size for p in Path(self.where).iterdir() if p.is_file()}
 
     def read_text(self, name: str) -> str | None:
@@ -106,8 +112,9 @@ class Location:
         first8 = read_bytes(self._client, self.url, name, "bytes=0-7") or b""
         if len(first8) < 8:
             raise ShardError(f"{origin}: too short to be a safetensors file")
-        rest = read_bytes(self._client, self.url, name,
-                          f"bytes=8-{7 + header_length(first8)}") or b""
+        rest = (
+            read_bytes(self._client, self.url, name, f"bytes=8-{7 + header_length(first8)}") or b""
+        )
         return parse_safetensors_header(first8 + rest, origin)
 
 
@@ -115,57 +122,70 @@ def check_before_load(vllm_config: Any) -> None:
     """Entry point, called from `MiniStreamForCausalLM.__init__` in each worker."""
     from vllm.distributed import get_tensor_model_parallel_rank
 
-    load_format = str(getattr(vllm_config.load_config.load_format, "value",
-                              vllm_config.load_config.load_format))
+    load_format = str(
+        getattr(vllm_config.load_config.load_format, "value", vllm_config.load_config.load_format)
+    )
     model_config = vllm_config.model_config
     weights = model_config.model_weights or model_config.model
     parallel = vllm_config.parallel_config
     if load_format in SHARDED_FORMATS:
-        check_shard_set(weights, Path(model_config.model), parallel.tensor_parallel_size,
-                        parallel.pipeline_parallel_size, get_tensor_model_parallel_rank(),
-                        str(model_config.dtype).removeprefix("torch."))
+        check_shard_set(
+            weights,
+            Path(model_config.model),
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
+            get_tensor_model_parallel_rank(),
+            str(model_config.dtype).removeprefix("torch."),
+        )
     elif load_format in WHOLE_MODEL_FORMATS:
         check_model_files(weights, load_format)
 
 
-def check_shard_set(weights: str, config_dir: Path, tp: int, pp: int, rank: int,
-                    dtype: str | None = None) -> None:
+def check_shard_set(
+    weights: str, config_dir: Path, tp: int, pp: int, rank: int, dtype: str | None = None
+) -> None:
     loc = Location(weights)
     text = loc.read_text(SHARDS_META_NAME)
     if text is None:
         raise ShardError(
             f"{weights} has no {SHARDS_META_NAME}, so it is not a shard set made by "
             "`ministream shard` (or its upload did not finish) and its tensor-parallel size "
-            f"cannot be checked. Make one: `{reshard_command('MODEL', tp, weights)}`")
+            f"cannot be checked. Make one: `{reshard_command('MODEL', tp, weights)}`"
+        )
     info = ShardSetInfo.parse(text, f"{weights}/{SHARDS_META_NAME}")
     if info.tensor_parallel_size != tp:
         raise ShardError(
             f"shard set {weights} was made for tensor-parallel size "
             f"{info.tensor_parallel_size}, but vLLM is starting with tensor-parallel size "
             f"{tp}. Serve it with --tensor-parallel-size {info.tensor_parallel_size}, or "
-            f"re-shard for {tp}: `{reshard_command(info.source, tp)}`")
+            f"re-shard for {tp}: `{reshard_command(info.source, tp)}`"
+        )
     if pp != info.pipeline_parallel_size:
         raise ShardError(
             f"shard set {weights} was made for pipeline-parallel size "
-            f"{info.pipeline_parallel_size}, but vLLM is starting with {pp}")
+            f"{info.pipeline_parallel_size}, but vLLM is starting with {pp}"
+        )
     if dtype is not None and dtype != info.dtype:
         # ShardedStateLoader would cast with a warning: numerics nobody tested.
         raise ShardError(
             f"shard set {weights} holds {info.dtype} tensors, but vLLM is starting with "
             f"--dtype {dtype}. Serve it with --dtype {info.dtype}, or re-shard: "
-            f"`{reshard_command(info.source, tp)} --dtype {dtype}`")
+            f"`{reshard_command(info.source, tp)} --dtype {dtype}`"
+        )
     sizes = loc.sizes()
     missing = sorted(set(info.files) - set(sizes))
     stray = sorted(n for n in sizes if n.endswith(".safetensors") and n not in info.files)
-    wrong = sorted(n for n, meta in info.files.items()
-                   if n in sizes and sizes[n] != meta["size"])
+    wrong = sorted(n for n, meta in info.files.items() if n in sizes and sizes[n] != meta["size"])
     if missing or stray or wrong:
         raise ShardError(
             f"shard set {weights} does not match its {SHARDS_META_NAME}: "
-            + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
-                        + [f"not part of it: {', '.join(stray)}"] * bool(stray)
-                        + [f"wrong size: {', '.join(wrong)}"] * bool(wrong))
-            + f". Re-create it: `{reshard_command(info.source, tp, weights)}`")
+            + "; ".join(
+                [f"missing {', '.join(missing)}"] * bool(missing)
+                + [f"not part of it: {', '.join(stray)}"] * bool(stray)
+                + [f"wrong size: {', '.join(wrong)}"] * bool(wrong)
+            )
+            + f". Re-create it: `{reshard_command(info.source, tp, weights)}`"
+        )
     _check_same_model(info, weights, config_dir)
     _check_pin(info.source_model_hash, f"shard set {weights}")
     # Own files only: a rank never opens another rank's shard (the tests watch for it).
@@ -178,7 +198,8 @@ def check_shard_set(weights: str, config_dir: Path, tp: int, pp: int, rank: int,
                 f"{str(made_for[0])[:16]}, tensor-parallel size {made_for[1]}, rank "
                 f"{made_for[2]}) than this shard set (model {info.source_model_hash[:16]}, "
                 f"tensor-parallel size {tp}, rank {rank}). Re-create it: "
-                f"`{reshard_command(info.source, tp, weights)}`")
+                f"`{reshard_command(info.source, tp, weights)}`"
+            )
 
 
 def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> None:
@@ -192,7 +213,8 @@ def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> Non
                 f"shard set {weights} was made from model {info.source_model_hash[:16]}, "
                 f"but vLLM is serving the config of model {served[:16]} ({config_dir}). "
                 "Re-shard that model: "
-                f"`{reshard_command(str(config_dir), info.tensor_parallel_size)}`")
+                f"`{reshard_command(str(config_dir), info.tensor_parallel_size)}`"
+            )
     config = config_dir / "config.json"
     if config.is_file():
         digest = hashlib.sha256(config.read_bytes()).hexdigest()
@@ -200,7 +222,8 @@ def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> Non
             raise ShardError(
                 f"{config} is not the config.json shard set {weights} was made from "
                 f"(model {info.source_model_hash[:16]}): the shards belong to another model. "
-                f"Re-shard: `{reshard_command(info.source, info.tensor_parallel_size)}`")
+                f"Re-shard: `{reshard_command(info.source, info.tensor_parallel_size)}`"
+            )
 
 
 def check_model_files(weights: str, load_format: str) -> None:
@@ -211,24 +234,30 @@ def check_model_files(weights: str, load_format: str) -> None:
             raise StorageError(
                 f"{weights} has no {MANIFEST_NAME}: the upload did not finish (`ministream "
                 f"upload` writes it last) or this is not a MiniStream model. Re-run "
-                f"`ministream upload MODEL_DIR {weights}`.")
+                f"`ministream upload MODEL_DIR {weights}`."
+            )
         if pinned_hash() is not None:
-            raise CheckpointError(f"{weights} has no {MANIFEST_NAME}, so its model hash cannot "
-                                  f"be checked against {PIN_ENV}")
+            raise CheckpointError(
+                f"{weights} has no {MANIFEST_NAME}, so its model hash cannot "
+                f"be checked against {PIN_ENV}"
+            )
         return  # a hand-made directory: vLLM's loader and load_weights' coverage check apply
     sizes = loc.sizes()
     if SHARDS_META_NAME in sizes:
         info = ShardSetInfo.parse(loc.read_text(SHARDS_META_NAME) or "", weights)
-        sharded = "runai_streamer_sharded" if load_format == "runai_streamer" else \
-            "sharded_state"
+        sharded = "runai_streamer_sharded" if load_format == "runai_streamer" else "sharded_state"
         raise ShardError(
             f"{weights} is a shard set (tensor-parallel size {info.tensor_parallel_size}); "
             f"serve it with --load-format {sharded} --tensor-parallel-size "
-            f"{info.tensor_parallel_size}")
+            f"{info.tensor_parallel_size}"
+        )
     manifest = Manifest.parse(text, f"{weights}/{MANIFEST_NAME}")
     _check_pin(manifest.model_hash, f"model {weights}")
-    listed = {n: m["size"] for n, m in manifest.files.items()
-              if n.endswith(".safetensors") and "/" not in n}
+    listed = {
+        n: m["size"]
+        for n, m in manifest.files.items()
+        if n.endswith(".safetensors") and "/" not in n
+    }
     missing = sorted(set(listed) - set(sizes))
     stray = sorted(n for n in sizes if n.endswith(".safetensors") and n not in listed)
     wrong = sorted(n for n in listed if n in sizes and sizes[n] != listed[n])
@@ -236,13 +265,17 @@ def check_model_files(weights: str, load_format: str) -> None:
         error = StorageError if loc.is_s3 else CheckpointError
         raise error(
             f"{weights} is incomplete: "
-            + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
-                        + [f"size differs from the manifest: {', '.join(wrong)}"] * bool(wrong))
+            + "; ".join(
+                [f"missing {', '.join(missing)}"] * bool(missing)
+                + [f"size differs from the manifest: {', '.join(wrong)}"] * bool(wrong)
+            )
             + f" (listed in its {MANIFEST_NAME}). Re-upload or re-convert it"
-            + (f": `ministream upload MODEL_DIR {weights}`" if loc.is_s3 else "."))
+            + (f": `ministream upload MODEL_DIR {weights}`" if loc.is_s3 else ".")
+        )
     if stray:
         raise CheckpointError(
             f"{weights} has weights files its {MANIFEST_NAME} does not list: "
             f"{', '.join(stray)}. vLLM would load them too (runai_streamer reads every "
             "*.safetensors under a prefix); remove them"
-            + (" or re-upload with `ministream upload --delete-stray`." if loc.is_s3 else "."))
+            + (" or re-upload with `ministream upload --delete-stray`." if loc.is_s3 else ".")
+        )

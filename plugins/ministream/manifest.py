@@ -49,32 +49,44 @@ class Manifest:
         return model_hash(self.files)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format_version": FORMAT_VERSION,
-            "model_hash": self.model_hash,
-            "converter_version": self.converter_version,
-            "dtype": self.dtype,
-            "source": self.source,
-            "files": self.files,
-        }, indent=2, sort_keys=True) + "\n"
+        return (
+            json.dumps(
+                {
+                    "format_version": FORMAT_VERSION,
+                    "model_hash": self.model_hash,
+                    "converter_version": self.converter_version,
+                    "dtype": self.dtype,
+                    "source": self.source,
+                    "files": self.files,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+            + "\n"
+        )
 
     @classmethod
     def build(cls, model_dir: Path, source: dict[str, Any], dtype: str) -> Manifest:
         files = {
-            path.relative_to(model_dir).as_posix(): {"sha256": sha256_file(path),
-                                                     "size": path.stat().st_size}
+            path.relative_to(model_dir).as_posix(): {
+                "sha256": sha256_file(path),
+                "size": path.stat().st_size,
+            }
             for path in sorted(model_dir.rglob("*"))
             if path.is_file() and path.name != MANIFEST_NAME
         }
-        return cls(files=files, source=source, converter_version=converter_version(),
-                   dtype=dtype)
+        return cls(files=files, source=source, converter_version=converter_version(), dtype=dtype)
 
     @classmethod
     def parse(cls, text: str, origin: str) -> Manifest:
         try:
             raw = json.loads(text)
-            manifest = cls(files=raw["files"], source=raw["source"],
-                           converter_version=raw["converter_version"], dtype=raw["dtype"])
+            manifest = cls(
+                files=raw["files"],
+                source=raw["source"],
+                converter_version=raw["converter_version"],
+                dtype=raw["dtype"],
+            )
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{origin}: not a valid MiniStream manifest ({exc})") from None
         if raw.get("model_hash") != manifest.model_hash:
@@ -87,7 +99,8 @@ class Manifest:
         if not path.is_file():
             raise CheckpointError(
                 f"{model_dir} has no {MANIFEST_NAME}: it was not written by `ministream "
-                "convert`, or the conversion did not finish")
+                "convert`, or the conversion did not finish"
+            )
         return cls.parse(path.read_text(), str(path))
 
 
@@ -104,8 +117,11 @@ def verify_dir(model_dir: str | Path) -> Manifest:
             problems.append(f"{name}: size {path.stat().st_size} != {meta['size']}")
         elif sha256_file(path) != meta["sha256"]:
             problems.append(f"{name}: sha256 mismatch")
-    stray = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*.safetensors")
-                   if p.relative_to(model_dir).as_posix() not in manifest.files)
+    stray = sorted(
+        p.relative_to(model_dir).as_posix()
+        for p in model_dir.rglob("*.safetensors")
+        if p.relative_to(model_dir).as_posix() not in manifest.files
+    )
     problems += [f"{name}: stray weights file not in the manifest" for name in stray]
     if problems:
         raise CheckpointError(f"{model_dir} failed verification: " + "; ".join(problems))

@@ -59,8 +59,9 @@ from ministream.names import STACKED_PARAMS_MAPPING
 class MiniStreamMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up fused into one column-parallel matmul."""
 
-    def __init__(self, *, config: MiniStreamConfig, quant_config: QuantizationConfig | None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, *, config: MiniStreamConfig, quant_config: QuantizationConfig | None, prefix: str = ""
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
             input_size=config.hidden_size,
@@ -87,8 +88,14 @@ class MiniStreamMLP(nn.Module):
 class MiniStreamAttention(nn.Module):
     """Causal GQA self-attention with NeoX RoPE, scaled by 1/sqrt(head_dim)."""
 
-    def __init__(self, *, config: MiniStreamConfig, cache_config: CacheConfig | None,
-                 quant_config: QuantizationConfig | None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        config: MiniStreamConfig,
+        cache_config: CacheConfig | None,
+        quant_config: QuantizationConfig | None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
         self.total_num_heads = config.num_attention_heads
@@ -96,11 +103,13 @@ class MiniStreamAttention(nn.Module):
         if self.total_num_heads % tp_size:
             raise ValueError(
                 f"tensor-parallel size {tp_size} must divide num_attention_heads "
-                f"({self.total_num_heads})")
+                f"({self.total_num_heads})"
+            )
         if self.total_num_kv_heads % tp_size and tp_size % self.total_num_kv_heads:
             raise ValueError(
                 f"num_key_value_heads ({self.total_num_kv_heads}) and tensor-parallel size "
-                f"{tp_size}: one must divide the other")
+                f"{tp_size}: one must divide the other"
+            )
         self.num_heads = self.total_num_heads // tp_size
         # tp > n_kv_heads: each rank holds one replicated KV head.
         self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
@@ -151,15 +160,18 @@ class MiniStreamDecoderLayer(nn.Module):
         config = vllm_config.model_config.hf_config
         quant_config = vllm_config.quant_config
         self.self_attn = MiniStreamAttention(
-            config=config, cache_config=vllm_config.cache_config, quant_config=quant_config,
-            prefix=f"{prefix}.self_attn")
-        self.mlp = MiniStreamMLP(config=config, quant_config=quant_config,
-                                 prefix=f"{prefix}.mlp")
+            config=config,
+            cache_config=vllm_config.cache_config,
+            quant_config=quant_config,
+            prefix=f"{prefix}.self_attn",
+        )
+        self.mlp = MiniStreamMLP(config=config, quant_config=quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
@@ -170,8 +182,9 @@ class MiniStreamDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
-@support_torch_compile(dynamic_arg_dims={
-    "input_ids": 0, "positions": 0, "intermediate_tensors": 0, "inputs_embeds": 0})
+@support_torch_compile(
+    dynamic_arg_dims={"input_ids": 0, "positions": 0, "intermediate_tensors": 0, "inputs_embeds": 0}
+)
 class MiniStreamModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -180,8 +193,11 @@ class MiniStreamModel(nn.Module):
         pp = get_pp_group()
         if pp.is_first_rank or (config.tie_word_embeddings and pp.is_last_rank):
             self.embed_tokens = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
-                prefix=f"{prefix}.embed_tokens")
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=vllm_config.quant_config,
+                prefix=f"{prefix}.embed_tokens",
+            )
         else:
             self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
@@ -189,10 +205,14 @@ class MiniStreamModel(nn.Module):
             lambda prefix: MiniStreamDecoderLayer(vllm_config=vllm_config, prefix=prefix),
             prefix=f"{prefix}.layers",
         )
-        self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-                     if pp.is_last_rank else PPMissingLayer())
+        self.norm = (
+            RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            if pp.is_last_rank
+            else PPMissingLayer()
+        )
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
-            ["hidden_states", "residual"], config.hidden_size)
+            ["hidden_states", "residual"], config.hidden_size
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -205,8 +225,9 @@ class MiniStreamModel(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         if get_pp_group().is_first_rank:
-            hidden_states = (inputs_embeds if inputs_embeds is not None
-                             else self.embed_input_ids(input_ids))
+            hidden_states = (
+                inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            )
             residual = None
         else:
             assert intermediate_tensors is not None
@@ -234,12 +255,14 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         config = vllm_config.model_config.hf_config
         self.config = config
         self.quant_config = vllm_config.quant_config
-        self.model = MiniStreamModel(vllm_config=vllm_config,
-                                     prefix=maybe_prefix(prefix, "model"))
+        self.model = MiniStreamModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
-                config.vocab_size, config.hidden_size, quant_config=self.quant_config,
-                prefix=maybe_prefix(prefix, "lm_head"))
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=self.quant_config,
+                prefix=maybe_prefix(prefix, "lm_head"),
+            )
             if config.tie_word_embeddings:
                 self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
             self.logits_processor = LogitsProcessor(config.vocab_size)
@@ -280,7 +303,8 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
                 # Some exporters write the tied head anyway; the embedding is the source.
                 continue
             if self.quant_config is not None and (
-                    scale_name := self.quant_config.get_cache_scale(name)):
+                scale_name := self.quant_config.get_cache_scale(name)
+            ):
                 name = scale_name
             for param_name, hf_name, shard_id in STACKED_PARAMS_MAPPING:
                 if hf_name not in name:
@@ -308,7 +332,8 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         if unexpected:
             raise CheckpointError(
                 f"checkpoint has {len(unexpected)} tensor(s) that MiniStream does not have: "
-                f"{', '.join(sorted(unexpected)[:10])}. Re-convert it with `ministream convert`.")
+                f"{', '.join(sorted(unexpected)[:10])}. Re-convert it with `ministream convert`."
+            )
         # A fused parameter is loaded only when every one of its shards arrived.
         for target, got in shards.items():
             wanted = {sid for fused, _, sid in STACKED_PARAMS_MAPPING if fused in target}
@@ -320,12 +345,17 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
     def _check_coverage(self, params: dict[str, nn.Parameter], loaded: set[str]) -> None:
         # KV-cache scales of the attention layers have defaults; every other parameter
         # must come from the checkpoint.
-        missing = sorted(name for name in params
-                         if name not in loaded and not is_pp_missing_parameter(name, self)
-                         and ".attn." not in name)
+        missing = sorted(
+            name
+            for name in params
+            if name not in loaded
+            and not is_pp_missing_parameter(name, self)
+            and ".attn." not in name
+        )
         if missing:
             raise CheckpointError(
                 f"checkpoint is missing {len(missing)} weight(s): "
                 f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. "
                 "The model directory is incomplete; re-run `ministream convert` "
-                "(or re-upload it) and check its manifest with `ministream verify`.")
+                "(or re-upload it) and check its manifest with `ministream verify`."
+            )

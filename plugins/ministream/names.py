@@ -41,16 +41,24 @@ class Rule:
 _L = "model.layers.{i}"
 RULES: tuple[Rule, ...] = (
     Rule("embedding.weight", (("model.embed_tokens.weight", "vocab"),), "d", per_layer=False),
-    Rule("blocks.{i}.attn.Wqkv.weight", (
-        (f"{_L}.self_attn.q_proj.weight", "q"),
-        (f"{_L}.self_attn.k_proj.weight", "kv"),
-        (f"{_L}.self_attn.v_proj.weight", "kv"),
-    ), "d"),
+    Rule(
+        "blocks.{i}.attn.Wqkv.weight",
+        (
+            (f"{_L}.self_attn.q_proj.weight", "q"),
+            (f"{_L}.self_attn.k_proj.weight", "kv"),
+            (f"{_L}.self_attn.v_proj.weight", "kv"),
+        ),
+        "d",
+    ),
     Rule("blocks.{i}.attn.out_proj.weight", ((f"{_L}.self_attn.o_proj.weight", "d"),), "attn"),
-    Rule("blocks.{i}.mlp.w12.weight", (
-        (f"{_L}.mlp.gate_proj.weight", "ff"),
-        (f"{_L}.mlp.up_proj.weight", "ff"),
-    ), "d"),
+    Rule(
+        "blocks.{i}.mlp.w12.weight",
+        (
+            (f"{_L}.mlp.gate_proj.weight", "ff"),
+            (f"{_L}.mlp.up_proj.weight", "ff"),
+        ),
+        "d",
+    ),
     Rule("blocks.{i}.mlp.w3.weight", ((f"{_L}.mlp.down_proj.weight", "d"),), "ff"),
     Rule("blocks.{i}.norm1.weight", ((f"{_L}.input_layernorm.weight", "d"),), "vec"),
     Rule("blocks.{i}.norm2.weight", ((f"{_L}.post_attention_layernorm.weight", "d"),), "vec"),
@@ -101,8 +109,9 @@ def conversion_plan(cfg: TrainConfig) -> Iterator[tuple[str, tuple[int, ...], li
             slices, start = [], 0
             for hf_template, rows_key in rule.parts:
                 rows = _rows(rows_key, cfg)
-                slices.append(Slice(raw, hf_template.format(i=layer), start, start + rows,
-                                    (rows, *cols)))
+                slices.append(
+                    Slice(raw, hf_template.format(i=layer), start, start + rows, (rows, *cols))
+                )
                 start += rows
             yield raw, (start, *cols), slices
 

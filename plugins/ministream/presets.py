@@ -7,12 +7,31 @@ from dataclasses import replace
 from ministream.train_config import TrainConfig
 
 _SEED_SHAPE = TrainConfig(
-    d_model=768, n_layers=8, n_heads=12, n_kv_heads=12, head_dim=64, d_ff=2048,
-    vocab_size=32000, max_seq_len=2048, norm_eps=1e-5, rope_theta=10000.0,
-    tie_embeddings=True, bos_id=1, eos_id=2,
+    d_model=768,
+    n_layers=8,
+    n_heads=12,
+    n_kv_heads=12,
+    head_dim=64,
+    d_ff=2048,
+    vocab_size=32000,
+    max_seq_len=2048,
+    norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_embeddings=True,
+    bos_id=1,
+    eos_id=2,
 )
-_TINY = replace(_SEED_SHAPE, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
-                d_ff=256, vocab_size=512, max_seq_len=512)
+_TINY = replace(
+    _SEED_SHAPE,
+    d_model=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=32,
+    d_ff=256,
+    vocab_size=512,
+    max_seq_len=512,
+)
 
 # Presets: the seed's shape, and tiny shapes covering each feature the plugin must get
 # right. CPU attention supports head_dim in {32, 64, 80, ...} only (DESIGN §8).
@@ -27,11 +46,28 @@ PRESETS: dict[str, TrainConfig] = {
     # A single KV head: TP=2 replicates it.
     "tiny-kv1": replace(_TINY, n_kv_heads=1),
     # ~1.1 GB in bfloat16 (the load benchmark's size); d_model 2048, 12 layers.
-    "bench-1b": replace(_SEED_SHAPE, d_model=2048, n_layers=12, n_heads=16, n_kv_heads=8,
-                        head_dim=128, d_ff=5632, vocab_size=32000),
+    "bench-1b": replace(
+        _SEED_SHAPE,
+        d_model=2048,
+        n_layers=12,
+        n_heads=16,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=5632,
+        vocab_size=32000,
+    ),
     # ~1.2 B parameters (2.4 GB in bfloat16): fills a GPU better than the seed's shape.
-    "gpu-1b": replace(_SEED_SHAPE, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=8,
-                      head_dim=128, d_ff=5632, vocab_size=32000, max_seq_len=4096),
+    "gpu-1b": replace(
+        _SEED_SHAPE,
+        d_model=2048,
+        n_layers=24,
+        n_heads=16,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=5632,
+        vocab_size=32000,
+        max_seq_len=4096,
+    ),
 }
 
 PRESET_NAMES = tuple(PRESETS)

@@ -39,8 +39,9 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def _rope_cos_sin(cfg: MiniStreamConfig, positions: torch.Tensor,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin(
+    cfg: MiniStreamConfig, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     hd = cfg.head_dim
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -49,8 +50,10 @@ def _rope_cos_sin(cfg: MiniStreamConfig, positions: torch.Tensor,
         pos = pos / float(scaling["factor"])
     elif kind != "default":
         raise NotImplementedError(f"reference model: rope_scaling type {kind!r}")
-    inv_freq = 1.0 / (cfg.rope_theta ** (
-        torch.arange(0, hd, 2, dtype=torch.float64, device=positions.device) / hd))
+    inv_freq = 1.0 / (
+        cfg.rope_theta
+        ** (torch.arange(0, hd, 2, dtype=torch.float64, device=positions.device) / hd)
+    )
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -65,8 +68,12 @@ class Attention(nn.Module):
     def __init__(self, cfg: MiniStreamConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        nh, nkv, hd, d = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                          cfg.hidden_size)
+        nh, nkv, hd, d = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.hidden_size,
+        )
         self.q_proj = nn.Linear(d, nh * hd, bias=False)
         self.k_proj = nn.Linear(d, nkv * hd, bias=False)
         self.v_proj = nn.Linear(d, nkv * hd, bias=False)
@@ -131,12 +138,16 @@ class ReferenceMiniStream(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Body(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
-            cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor,
-                hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, hidden_states: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Logits [T, V] (float32) for one sequence; appends per-layer states if asked."""
         positions = torch.arange(input_ids.shape[0], device=input_ids.device)
         x = self.model.embed_tokens(input_ids)
@@ -154,8 +165,9 @@ class ReferenceMiniStream(nn.Module):
         return (x @ head.t()).float()
 
     @torch.no_grad()
-    def generate_greedy(self, prompt_ids: list[int], max_new_tokens: int,
-                        top_k: int = 5) -> tuple[list[int], list[dict[int, float]]]:
+    def generate_greedy(
+        self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5
+    ) -> tuple[list[int], list[dict[int, float]]]:
         """Greedy continuation and each step's top-k logprobs (full re-forward; small models)."""
         ids = list(prompt_ids)
         out: list[int] = []
@@ -175,43 +187,55 @@ class ReferenceMiniStream(nn.Module):
         return out, logprobs
 
     @classmethod
-    def from_state_dict(cls, cfg: MiniStreamConfig, state: dict[str, torch.Tensor],
-                        dtype: torch.dtype = torch.float32,
-                        device: str = "cpu") -> ReferenceMiniStream:
+    def from_state_dict(
+        cls,
+        cfg: MiniStreamConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> ReferenceMiniStream:
         model = cls(cfg)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise CheckpointError(
-                f"reference model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+                f"reference model: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+            )
         return model.to(device=device, dtype=dtype).eval()
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32,
-                        device: str = "cpu") -> ReferenceMiniStream:
+    def from_pretrained(
+        cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> ReferenceMiniStream:
         """Load a converted directory (config.json + safetensors shards)."""
         model_dir = Path(model_dir)
         cfg = MiniStreamConfig.from_json_file(str(model_dir / "config.json"))
         index = model_dir / "model.safetensors.index.json"
-        files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
-                 if index.exists() else ["model.safetensors"])
+        files = (
+            sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if index.exists()
+            else ["model.safetensors"]
+        )
         state: dict[str, torch.Tensor] = {}
         for name in files:
             state.update(load_file(str(model_dir / name)))
         return cls.from_state_dict(cfg, state, dtype, device)
 
     @classmethod
-    def from_raw(cls, checkpoint: str | Path, train_config: str | Path,
-                 dtype: torch.dtype = torch.float32) -> ReferenceMiniStream:
+    def from_raw(
+        cls, checkpoint: str | Path, train_config: str | Path, dtype: torch.dtype = torch.float32
+    ) -> ReferenceMiniStream:
         """Run a raw training checkpoint directly (fused matrices split in memory)."""
         tcfg = TrainConfig.load(train_config)
         raw = load_raw_state_dict(checkpoint)
-        state = {s.hf: raw[name][s.start:s.stop]
-                 for name, _, slices in conversion_plan(tcfg) for s in slices}
+        state = {
+            s.hf: raw[name][s.start : s.stop]
+            for name, _, slices in conversion_plan(tcfg)
+            for s in slices
+        }
         return cls.from_state_dict(tcfg.to_hf(), state, dtype)
 
 
-def dump_hidden_states(model: ReferenceMiniStream, input_ids: list[int],
-                       path: str | Path) -> None:
+def dump_hidden_states(model: ReferenceMiniStream, input_ids: list[int], path: str | Path) -> None:
     """Save `{"embeddings", "layer_0" ..., "final_norm", "logits"}` for a divergence hunt."""
     states: list[torch.Tensor] = []
     device = model.model.embed_tokens.weight.device

@@ -26,9 +26,16 @@ SCHEME = "s3://"
 # Checksum of each uploaded file, stored as user metadata (x-amz-meta-sha256): the same
 # sha256 the manifest lists, so "already uploaded" is decided without downloading.
 SHA256_META = "sha256"
-_CREDENTIAL_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                     "ExpiredToken", "InvalidToken", "AuthorizationHeaderMalformed",
-                     "Forbidden", "403"}
+_CREDENTIAL_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AuthorizationHeaderMalformed",
+    "Forbidden",
+    "403",
+}
 
 
 def is_s3(path: str | Path) -> bool:
@@ -47,22 +54,24 @@ class S3Url:
         return f"{self}/{name}"
 
     def __str__(self) -> str:
-        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else \
-            f"{SCHEME}{self.bucket}"
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
 
 
 def parse_url(url: str) -> S3Url:
     if not is_s3(url):
         raise StorageError(f"{url!r} is not an s3:// URL")
-    bucket, _, prefix = url[len(SCHEME):].partition("/")
+    bucket, _, prefix = url[len(SCHEME) :].partition("/")
     if not bucket:
         raise StorageError(f"{url!r} has no bucket name (expected s3://BUCKET/PREFIX)")
     return S3Url(bucket, prefix.strip("/"))
 
 
 def endpoint() -> str:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or \
-        "the default AWS S3 endpoint"
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "the default AWS S3 endpoint"
+    )
 
 
 def make_client(max_connections: int = 16) -> Any:
@@ -71,10 +80,15 @@ def make_client(max_connections: int = 16) -> Any:
         import boto3
         from botocore.config import Config
     except ImportError:
-        raise StorageError("S3 support is not installed: pip install "
-                           "'ministream-serving[s3]'") from None
-    config = Config(max_pool_connections=max_connections, connect_timeout=10,
-                    read_timeout=120, retries={"max_attempts": 5, "mode": "standard"})
+        raise StorageError(
+            "S3 support is not installed: pip install 'ministream-serving[s3]'"
+        ) from None
+    config = Config(
+        max_pool_connections=max_connections,
+        connect_timeout=10,
+        read_timeout=120,
+        retries={"max_attempts": 5, "mode": "standard"},
+    )
     return boto3.session.Session().client("s3", config=config)
 
 
@@ -96,21 +110,27 @@ def storage_errors(url: S3Url | str, action: str) -> Iterator[None]:
         message = err.get("Message") or str(exc)
         if code in ("NoSuchBucket",):
             bucket = parse_url(str(url)).bucket if is_s3(str(url)) else url
-            raise StorageError(f"{action} {url}: bucket {bucket!r} does not exist at "
-                               f"{endpoint()}") from None
+            raise StorageError(
+                f"{action} {url}: bucket {bucket!r} does not exist at {endpoint()}"
+            ) from None
         if code in _CREDENTIAL_CODES:
             raise StorageError(
                 f"{action} {url}: {endpoint()} refused the credentials ({code}: {message}). "
                 "Check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the "
-                "bucket policy.") from None
+                "bucket policy."
+            ) from None
         raise StorageError(f"{action} {url}: {code}: {message}") from None
     except NoCredentialsError:
-        raise StorageError(f"{action} {url}: no AWS credentials found (set "
-                           "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or a "
-                           "role)") from None
+        raise StorageError(
+            f"{action} {url}: no AWS credentials found (set "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or a "
+            "role)"
+        ) from None
     except EndpointConnectionError as exc:
-        raise StorageError(f"{action} {url}: cannot reach {endpoint()} ({exc}); check "
-                           "AWS_ENDPOINT_URL and the network") from None
+        raise StorageError(
+            f"{action} {url}: cannot reach {endpoint()} ({exc}); check "
+            "AWS_ENDPOINT_URL and the network"
+        ) from None
     except BotoCoreError as exc:
         raise StorageError(f"{action} {url}: {type(exc).__name__}: {exc}") from None
 
@@ -126,12 +146,10 @@ def list_objects(client: Any, url: S3Url) -> dict[str, ObjectInfo]:
     prefix = f"{url.prefix}/" if url.prefix else ""
     found: dict[str, ObjectInfo] = {}
     with storage_errors(url, "listing"):
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=url.bucket,
-                                                                 Prefix=prefix)
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=prefix)
         for page in pages:
             for obj in page.get("Contents", []):
-                found[obj["Key"][len(prefix):]] = ObjectInfo(obj["Size"],
-                                                             obj["ETag"].strip('"'))
+                found[obj["Key"][len(prefix) :]] = ObjectInfo(obj["Size"], obj["ETag"].strip('"'))
     return found
 
 
@@ -149,8 +167,7 @@ def head(client: Any, url: S3Url, name: str) -> dict[str, Any] | None:
             raise
 
 
-def read_bytes(client: Any, url: S3Url, name: str, byte_range: str | None = None
-               ) -> bytes | None:
+def read_bytes(client: Any, url: S3Url, name: str, byte_range: str | None = None) -> bytes | None:
     """GET one object (or a byte range of it); None when it does not exist."""
     from botocore.exceptions import ClientError
 
@@ -174,14 +191,15 @@ def read_text(client: Any, url: S3Url, name: str) -> str | None:
 
 def put_bytes(client: Any, url: S3Url, name: str, data: bytes, sha256: str) -> None:
     with storage_errors(url, f"writing {name} under"):
-        client.put_object(Bucket=url.bucket, Key=url.key(name), Body=data,
-                          Metadata={SHA256_META: sha256})
+        client.put_object(
+            Bucket=url.bucket, Key=url.key(name), Body=data, Metadata={SHA256_META: sha256}
+        )
 
 
 def delete(client: Any, url: S3Url, names: list[str]) -> None:
     with storage_errors(url, "deleting from"):
         for start in range(0, len(names), 1000):
-            batch = [{"Key": url.key(n)} for n in names[start:start + 1000]]
+            batch = [{"Key": url.key(n)} for n in names[start : start + 1000]]
             if batch:
                 client.delete_objects(Bucket=url.bucket, Delete={"Objects": batch})
 

@@ -52,6 +52,7 @@ def _copied(name: str) -> bool:
 
 # ---- source -----------------------------------------------------------------------------
 
+
 def _source_manifest(model: str) -> Manifest:
     if not is_s3(model):
         if ShardSetInfo.load(model) is not None:
@@ -81,6 +82,7 @@ def _copy_side_files(model: str, manifest: Manifest, dest: Path) -> None:
 
 # ---- existing output --------------------------------------------------------------------
 
+
 def _existing(output: str) -> ShardSetInfo | None:
     """The shard set at `output` if it exists and verifies; None if `output` is empty."""
     if is_s3(output):
@@ -92,27 +94,33 @@ def _existing(output: str) -> ShardSetInfo | None:
             return None
         text = read_text(client, url, SHARDS_META_NAME)
         if text is None or read_text(client, url, MANIFEST_NAME) is None:
-            raise ShardError(f"{output} is not empty and holds no complete shard set; pass "
-                             "--force to replace it, or choose another --output")
+            raise ShardError(
+                f"{output} is not empty and holds no complete shard set; pass "
+                "--force to replace it, or choose another --output"
+            )
         info = ShardSetInfo.parse(text, url.child(SHARDS_META_NAME))
         try:
             _verify_remote_shard_set(output, info)
         except (StorageError, CheckpointError, ShardError) as exc:
-            raise ShardError(f"{output} holds a damaged shard set ({exc}); pass --force "
-                             "to replace it") from None
+            raise ShardError(
+                f"{output} holds a damaged shard set ({exc}); pass --force to replace it"
+            ) from None
         return info
     path = Path(output)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return None
     local = ShardSetInfo.load(path) if path.is_dir() else None
     if local is None:
-        raise ShardError(f"{output} exists and is not a shard set; pass --force to replace "
-                         "it, or choose another --output")
+        raise ShardError(
+            f"{output} exists and is not a shard set; pass --force to replace "
+            "it, or choose another --output"
+        )
     try:
         verify_dir(path)
     except CheckpointError as exc:
-        raise ShardError(f"{output} holds a damaged shard set ({exc}); pass --force to "
-                         "replace it") from None
+        raise ShardError(
+            f"{output} holds a damaged shard set ({exc}); pass --force to replace it"
+        ) from None
     return local
 
 
@@ -127,8 +135,11 @@ def _verify_remote_shard_set(output: str, info: ShardSetInfo) -> None:
     remote = list_objects(client, url)
     for name, meta in manifest.files.items():
         obj = head(client, url, name) if name in remote else None
-        if obj is None or obj.get("ContentLength") != meta["size"] or \
-                obj.get("Metadata", {}).get(SHA256_META) != meta["sha256"]:
+        if (
+            obj is None
+            or obj.get("ContentLength") != meta["size"]
+            or obj.get("Metadata", {}).get(SHA256_META) != meta["sha256"]
+        ):
             raise StorageError(f"{url.child(name)} is missing or differs from the manifest")
     stray = [n for n in remote if n.endswith(".safetensors") and n not in info.files]
     if stray:
@@ -136,6 +147,7 @@ def _verify_remote_shard_set(output: str, info: ShardSetInfo) -> None:
 
 
 # ---- ranks ------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     import socket
@@ -164,9 +176,23 @@ def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[st
         for rank in range(tp):
             log = work / f"rank-{rank}.log"
             with open(log, "wb") as fh:
-                procs.append((subprocess.Popen(
-                    [sys.executable, "-m", "ministream.shard_worker", str(spec_path), str(rank)],
-                    stdout=fh, stderr=subprocess.STDOUT, env=env), log))
+                procs.append(
+                    (
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "ministream.shard_worker",
+                                str(spec_path),
+                                str(rank),
+                            ],
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                        ),
+                        log,
+                    )
+                )
         pending = set(range(tp))
         while pending:
             for rank in sorted(pending):
@@ -176,8 +202,9 @@ def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[st
                     continue
                 pending.discard(rank)
                 if code != 0:
-                    raise ShardError(f"rank {rank} failed (exit {code}): {_last_error(log)} "
-                                     f"(full log: {log})")
+                    raise ShardError(
+                        f"rank {rank} failed (exit {code}): {_last_error(log)} (full log: {log})"
+                    )
                 bar.update(1)
             time.sleep(0.2)
     finally:
@@ -197,9 +224,17 @@ def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[st
 
 # ---- command ----------------------------------------------------------------------------
 
-def shard(model: str, tensor_parallel_size: int, output: str, *, dtype: str | None = None,
-          max_part_bytes: int = DEFAULT_MAX_PART_BYTES, force: bool = False,
-          progress: bool = True) -> ShardResult:
+
+def shard(
+    model: str,
+    tensor_parallel_size: int,
+    output: str,
+    *,
+    dtype: str | None = None,
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
+    force: bool = False,
+    progress: bool = True,
+) -> ShardResult:
     started = time.monotonic()
     model, output = str(model).rstrip("/"), str(output).rstrip("/")
     if tensor_parallel_size < 1:
@@ -217,40 +252,63 @@ def shard(model: str, tensor_parallel_size: int, output: str, *, dtype: str | No
             f"{output} already holds a shard set for tensor-parallel size {have[0]} of model "
             f"{have[1][:16]} in {have[2]}; this run is for size {wanted[0]} of model "
             f"{wanted[1][:16]} in {wanted[2]}. Pass --force to replace it, or choose another "
-            "--output.")
+            "--output."
+        )
 
     if is_s3(output):
         staging = Path(tempfile.mkdtemp(prefix="ministream-shard-"))
     else:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{Path(output).name}.partial-",
-                                        dir=Path(output).parent))
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{Path(output).name}.partial-", dir=Path(output).parent)
+        )
     # Rank logs: removed on success, kept (and named in the error) when a rank fails.
     work = Path(tempfile.mkdtemp(prefix="ministream-shard-work-"))
     succeeded = False
     try:
-        spec = {"model": model, "tensor_parallel_size": tensor_parallel_size, "dtype": dtype,
-                "load_format": "runai_streamer" if is_s3(model) else "safetensors",
-                "port": _free_port(), "output": str(staging), "model_hash": manifest.model_hash,
-                "max_part_bytes": max_part_bytes, "verify": True}
+        spec = {
+            "model": model,
+            "tensor_parallel_size": tensor_parallel_size,
+            "dtype": dtype,
+            "load_format": "runai_streamer" if is_s3(model) else "safetensors",
+            "port": _free_port(),
+            "output": str(staging),
+            "model_hash": manifest.model_hash,
+            "max_part_bytes": max_part_bytes,
+            "verify": True,
+        }
         results = _run_ranks(spec, work, progress)
         files = {}
         for result in results:
             for name in result["files"]:
                 path = staging / name
-                files[name] = {"rank": result["rank"], "size": path.stat().st_size,
-                               "sha256": sha256_file(path)}
+                files[name] = {
+                    "rank": result["rank"],
+                    "size": path.stat().st_size,
+                    "sha256": sha256_file(path),
+                }
         _copy_side_files(model, manifest, staging)
         info = ShardSetInfo(
-            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=1,
-            source_model_hash=manifest.model_hash, source=model,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=1,
+            source_model_hash=manifest.model_hash,
+            source=model,
             config_sha256=sha256_file(staging / "config.json"),
-            dtype=results[0]["dtype"], vllm_version=vllm_version(),
-            ministream_version=converter_version(), files=files)
+            dtype=results[0]["dtype"],
+            vllm_version=vllm_version(),
+            ministream_version=converter_version(),
+            files=files,
+        )
         (staging / SHARDS_META_NAME).write_text(info.to_json())
-        shard_manifest = Manifest.build(staging, source={
-            "shard_set_of": manifest.model_hash, "tensor_parallel_size": tensor_parallel_size,
-            "source": model}, dtype=info.dtype)
+        shard_manifest = Manifest.build(
+            staging,
+            source={
+                "shard_set_of": manifest.model_hash,
+                "tensor_parallel_size": tensor_parallel_size,
+                "source": model,
+            },
+            dtype=info.dtype,
+        )
         (staging / MANIFEST_NAME).write_text(shard_manifest.to_json())
         from ministream.convert import _replace_dir, make_world_readable
 

@@ -41,14 +41,19 @@ from ministream.shardset import (
 def _engine_config(spec: dict[str, Any], load_format: str) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(model=spec["model"], tensor_parallel_size=spec["tensor_parallel_size"],
-                      dtype=spec["dtype"], load_format=load_format, enforce_eager=True,
-                      max_model_len=spec.get("max_model_len"), seed=0)
+    args = EngineArgs(
+        model=spec["model"],
+        tensor_parallel_size=spec["tensor_parallel_size"],
+        dtype=spec["dtype"],
+        load_format=load_format,
+        enforce_eager=True,
+        max_model_len=spec.get("max_model_len"),
+        seed=0,
+    )
     return args.create_engine_config()
 
 
-def _split_parts(state: dict[str, torch.Tensor], max_bytes: int
-                 ) -> list[dict[str, torch.Tensor]]:
+def _split_parts(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
     parts: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for key, tensor in state.items():
@@ -87,8 +92,12 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         state = ShardedStateLoader._filter_subtensors(model.state_dict())
         state = {k: v.detach().contiguous() for k, v in state.items()}
         _check_every_parameter_saved(model, state)
-        header = {HEADER_MODEL_HASH: spec["model_hash"], HEADER_TP_SIZE: str(tp),
-                  HEADER_RANK: str(rank), "format": "pt"}
+        header = {
+            HEADER_MODEL_HASH: spec["model_hash"],
+            HEADER_TP_SIZE: str(tp),
+            HEADER_RANK: str(rank),
+            "format": "pt",
+        }
         files = []
         for part, tensors in enumerate(_split_parts(state, spec["max_part_bytes"])):
             name = shard_file_name(rank, part)
@@ -97,21 +106,30 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         if spec.get("verify", True):
             _verify_reload(vllm_config, state, out, rank)
     dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
-    return {"rank": rank, "files": files, "tensors": len(state), "dtype": dtype,
-            "load_seconds": loaded_s, "seconds": time.monotonic() - started}
+    return {
+        "rank": rank,
+        "files": files,
+        "tensors": len(state),
+        "dtype": dtype,
+        "load_seconds": loaded_s,
+        "seconds": time.monotonic() - started,
+    }
 
 
-def _check_every_parameter_saved(model: torch.nn.Module, state: dict[str, torch.Tensor]
-                                 ) -> None:
+def _check_every_parameter_saved(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Each parameter is saved, or shares its storage with a saved tensor (tied head)."""
     saved_ptrs = {t.untyped_storage().data_ptr() for t in state.values()}
-    lost = [name for name, p in model.named_parameters()
-            if name not in state and p.untyped_storage().data_ptr() not in saved_ptrs]
+    lost = [
+        name
+        for name, p in model.named_parameters()
+        if name not in state and p.untyped_storage().data_ptr() not in saved_ptrs
+    ]
     assert not lost, f"parameters missing from the captured state: {lost}"
 
 
-def _verify_reload(vllm_config: Any, expected: dict[str, torch.Tensor], out: Path,
-                   rank: int) -> None:
+def _verify_reload(
+    vllm_config: Any, expected: dict[str, torch.Tensor], out: Path, rank: int
+) -> None:
     """Read this rank's files back through vLLM's ShardedStateLoader into a fresh model."""
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
@@ -131,8 +149,9 @@ def _verify_reload(vllm_config: Any, expected: dict[str, torch.Tensor], out: Pat
         model_config.model, model_config.model_weights = saved_model, saved_weights
     got = ShardedStateLoader._filter_subtensors(fresh.state_dict())
     if got.keys() != expected.keys():
-        raise RuntimeError(f"rank {rank}: reloaded keys differ: "
-                           f"{sorted(got.keys() ^ expected.keys())[:10]}")
+        raise RuntimeError(
+            f"rank {rank}: reloaded keys differ: {sorted(got.keys() ^ expected.keys())[:10]}"
+        )
     different = [k for k in expected if not torch.equal(got[k], expected[k])]
     if different:
         raise RuntimeError(f"rank {rank}: reloaded tensors differ: {different[:10]}")

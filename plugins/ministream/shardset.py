@@ -75,12 +75,16 @@ class ShardSetInfo:
         except (json.JSONDecodeError, TypeError) as exc:
             raise ShardError(f"{origin}: not a valid {SHARDS_META_NAME} ({exc})") from None
         if info.format_version != FORMAT_VERSION:
-            raise ShardError(f"{origin}: shard-set format {info.format_version} is not "
-                             f"supported (this plugin reads format {FORMAT_VERSION})")
+            raise ShardError(
+                f"{origin}: shard-set format {info.format_version} is not "
+                f"supported (this plugin reads format {FORMAT_VERSION})"
+            )
         ranks = {meta["rank"] for meta in info.files.values()}
         if ranks != set(range(info.tensor_parallel_size)):
-            raise ShardError(f"{origin}: files cover ranks {sorted(ranks)}, expected "
-                             f"0..{info.tensor_parallel_size - 1}")
+            raise ShardError(
+                f"{origin}: files cover ranks {sorted(ranks)}, expected "
+                f"0..{info.tensor_parallel_size - 1}"
+            )
         return info
 
     @classmethod
@@ -96,7 +100,7 @@ def parse_safetensors_header(prefix: bytes, origin: str) -> dict[str, Any]:
     length = int.from_bytes(prefix[:8], "little")
     if length > 100_000_000 or len(prefix) < 8 + length:
         raise ShardError(f"{origin}: truncated or invalid safetensors header")
-    header: dict[str, Any] = json.loads(prefix[8:8 + length])
+    header: dict[str, Any] = json.loads(prefix[8 : 8 + length])
     return header
 
 

@@ -39,14 +39,21 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-                     "vocab_size", "max_seq_len"):
+        for name in (
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "d_ff",
+            "vocab_size",
+            "max_seq_len",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
         if not problems and self.n_heads % self.n_kv_heads:
-            problems.append(
-                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+            problems.append(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if not self.norm_eps > 0:
             problems.append(f"norm_eps must be > 0, got {self.norm_eps!r}")
         if not self.rope_theta > 0:
@@ -69,7 +76,8 @@ class TrainConfig:
         if unknown:
             raise CheckpointError(
                 f"train_config.json has unknown fields: {', '.join(unknown)} "
-                f"(expected only: {', '.join(sorted(known))})")
+                f"(expected only: {', '.join(sorted(known))})"
+            )
         return cls(**raw)
 
     @classmethod

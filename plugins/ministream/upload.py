@@ -52,16 +52,18 @@ class UploadResult:
     bytes_uploaded: int = 0
 
 
-def _is_current(client: Any, url: S3Url, name: str, meta: dict[str, Any],
-                listed_size: int | None) -> bool:
+def _is_current(
+    client: Any, url: S3Url, name: str, meta: dict[str, Any], listed_size: int | None
+) -> bool:
     if listed_size != meta["size"]:
         return False
     obj = head(client, url, name)
     return obj is not None and obj.get("Metadata", {}).get(SHA256_META) == meta["sha256"]
 
 
-def _plan(client: Any, url: S3Url, manifest: Manifest, manifest_text: str,
-          delete_stray: bool) -> tuple[list[str], list[str], list[str]]:
+def _plan(
+    client: Any, url: S3Url, manifest: Manifest, manifest_text: str, delete_stray: bool
+) -> tuple[list[str], list[str], list[str]]:
     """(names to upload, names to skip, names to delete before uploading)."""
     remote = list_objects(client, url)
     stray = sorted(n for n in remote if n.endswith(".safetensors") and n not in manifest.files)
@@ -69,7 +71,8 @@ def _plan(client: Any, url: S3Url, manifest: Manifest, manifest_text: str,
         raise StorageError(
             f"{url} holds weights files that {MANIFEST_NAME} does not list: {', '.join(stray)}. "
             "vLLM's runai_streamer would load them with this model. Upload to an empty "
-            "prefix, or pass --delete-stray to remove them.")
+            "prefix, or pass --delete-stray to remove them."
+        )
     to_delete = list(stray)
     if MANIFEST_NAME in remote and read_text(client, url, MANIFEST_NAME) != manifest_text:
         to_delete.insert(0, MANIFEST_NAME)  # first: the prefix stops looking complete
@@ -88,24 +91,40 @@ def _abort_stale_multipart(client: Any, url: S3Url, names: list[str]) -> None:
     keys = {url.key(n) for n in names}
     with storage_errors(url, "listing multipart uploads under"):
         pages = client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=url.bucket, Prefix=f"{url.prefix}/" if url.prefix else "")
+            Bucket=url.bucket, Prefix=f"{url.prefix}/" if url.prefix else ""
+        )
         for page in pages:
             for upload in page.get("Uploads", []):
                 if upload["Key"] in keys:
-                    client.abort_multipart_upload(Bucket=url.bucket, Key=upload["Key"],
-                                                  UploadId=upload["UploadId"])
+                    client.abort_multipart_upload(
+                        Bucket=url.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
 
 
-def _transfer(client: Any, url: S3Url, model_dir: Path, manifest: Manifest, names: list[str],
-              jobs: int, part_size: int, progress: bool) -> int:
+def _transfer(
+    client: Any,
+    url: S3Url,
+    model_dir: Path,
+    manifest: Manifest,
+    names: list[str],
+    jobs: int,
+    part_size: int,
+    progress: bool,
+) -> int:
     from boto3.s3.transfer import TransferConfig
     from s3transfer.manager import TransferManager
     from s3transfer.subscribers import BaseSubscriber
     from tqdm import tqdm
 
     total = sum(manifest.files[n]["size"] for n in names)
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-               desc=f"upload to {url}", disable=not progress)
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"upload to {url}",
+        disable=not progress,
+    )
     lock = threading.Lock()
 
     class Progress(BaseSubscriber):
@@ -113,8 +132,12 @@ def _transfer(client: Any, url: S3Url, model_dir: Path, manifest: Manifest, name
             with lock:
                 bar.update(bytes_transferred)
 
-    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
-                            max_concurrency=jobs, use_threads=True)
+    config = TransferConfig(
+        multipart_threshold=part_size,
+        multipart_chunksize=part_size,
+        max_concurrency=jobs,
+        use_threads=True,
+    )
     manager = TransferManager(client, config)
     # config.json goes after everything else (then the manifest): a prefix cut short is not
     # even loadable as a model, and the window in which all files but the manifest exist
@@ -123,10 +146,16 @@ def _transfer(client: Any, url: S3Url, model_dir: Path, manifest: Manifest, name
     try:
         with storage_errors(url, "uploading to"):
             for phase in phases:
-                futures = [manager.upload(
-                    str(model_dir / name), url.bucket, url.key(name),
-                    extra_args={"Metadata": {SHA256_META: manifest.files[name]["sha256"]}},
-                    subscribers=[Progress()]) for name in phase]
+                futures = [
+                    manager.upload(
+                        str(model_dir / name),
+                        url.bucket,
+                        url.key(name),
+                        extra_args={"Metadata": {SHA256_META: manifest.files[name]["sha256"]}},
+                        subscribers=[Progress()],
+                    )
+                    for name in phase
+                ]
                 for future in futures:
                     future.result()
     except BaseException:
@@ -140,17 +169,28 @@ def _transfer(client: Any, url: S3Url, model_dir: Path, manifest: Manifest, name
 
 def _verify_remote(client: Any, url: S3Url, manifest: Manifest) -> None:
     remote = list_objects(client, url)
-    bad = [name for name, meta in sorted(manifest.files.items())
-           if not _is_current(client, url, name, meta,
-                              remote[name].size if name in remote else None)]
+    bad = [
+        name
+        for name, meta in sorted(manifest.files.items())
+        if not _is_current(client, url, name, meta, remote[name].size if name in remote else None)
+    ]
     if bad:
-        raise StorageError(f"after upload, {url} does not match the manifest for: "
-                           f"{', '.join(bad)} (another writer on the same prefix?)")
+        raise StorageError(
+            f"after upload, {url} does not match the manifest for: "
+            f"{', '.join(bad)} (another writer on the same prefix?)"
+        )
 
 
-def upload(model_dir: str | Path, url: str, *, jobs: int = DEFAULT_JOBS,
-           part_size: int = DEFAULT_PART_SIZE, delete_stray: bool = False,
-           progress: bool = True, client: Any = None) -> UploadResult:
+def upload(
+    model_dir: str | Path,
+    url: str,
+    *,
+    jobs: int = DEFAULT_JOBS,
+    part_size: int = DEFAULT_PART_SIZE,
+    delete_stray: bool = False,
+    progress: bool = True,
+    client: Any = None,
+) -> UploadResult:
     model_dir = Path(model_dir)
     s3url = parse_url(url)
     if not s3url.prefix:
@@ -159,17 +199,22 @@ def upload(model_dir: str | Path, url: str, *, jobs: int = DEFAULT_JOBS,
     manifest_text = (model_dir / MANIFEST_NAME).read_text()
     client = client or make_client(max_connections=2 * jobs + 4)
     names, skipped, to_delete = _plan(client, s3url, manifest, manifest_text, delete_stray)
-    result = UploadResult(str(s3url), manifest, uploaded=names, skipped=skipped,
-                          deleted=to_delete)
+    result = UploadResult(str(s3url), manifest, uploaded=names, skipped=skipped, deleted=to_delete)
     delete(client, s3url, to_delete)
     _abort_stale_multipart(client, s3url, names)
-    result.bytes_uploaded = _transfer(client, s3url, model_dir, manifest, names, jobs,
-                                      part_size, progress)
+    result.bytes_uploaded = _transfer(
+        client, s3url, model_dir, manifest, names, jobs, part_size, progress
+    )
     _verify_remote(client, s3url, manifest)
     if read_text(client, s3url, MANIFEST_NAME) == manifest_text:
         return result  # nothing changed: the model was complete already
-    put_bytes(client, s3url, MANIFEST_NAME, manifest_text.encode(),
-              hashlib.sha256(manifest_text.encode()).hexdigest())
+    put_bytes(
+        client,
+        s3url,
+        MANIFEST_NAME,
+        manifest_text.encode(),
+        hashlib.sha256(manifest_text.encode()).hexdigest(),
+    )
     if read_text(client, s3url, MANIFEST_NAME) != manifest_text:
         raise StorageError(f"{s3url.child(MANIFEST_NAME)} did not read back as written")
     return result

@@ -14,8 +14,12 @@ def _add_params(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("alert parameters (defaults: AlertParams)")
     for f in dataclasses.fields(AlertParams):
         kind = float if f.type == "float" else str
-        group.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
-                           help=f"default: {f.default}")
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=kind,
+            default=f.default,
+            help=f"default: {f.default}",
+        )
 
 
 def _params(args: argparse.Namespace) -> AlertParams:
@@ -23,8 +27,7 @@ def _params(args: argparse.Namespace) -> AlertParams:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ministream_observability",
-                                     description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ministream_observability", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write the dashboards, the rule file, the docs list")
     gen.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             bad = stale(params, args.root)
             for path in bad:
-                print(f"out of date: {path} (run python -m ministream_observability generate)",
-                      file=sys.stderr)
+                print(
+                    f"out of date: {path} (run python -m ministream_observability generate)",
+                    file=sys.stderr,
+                )
             return 1 if bad else 0
         for path in write(params, args.root):
             print(f"wrote {path}")

@@ -106,9 +106,11 @@ def api_error_ratio(selector: str, window: str, vllm_selector: str | None = None
     handlers = 'handler=~"/v1/.+"'
 
     def part(*extra: str) -> str:
-        return agg("sum", ("namespace",),
-                   f"{rate(m.HTTP_REQUESTS, selector, window, *extra)} "
-                   f"and on (namespace, pod) {pods}")
+        return agg(
+            "sum",
+            ("namespace",),
+            f"{rate(m.HTTP_REQUESTS, selector, window, *extra)} and on (namespace, pod) {pods}",
+        )
 
     # `or ... * 0`: no 5xx series exists until the first 5xx; show 0 %, not "No data".
     errors = f"({part(handlers, eq('status', '5xx'))}\nor\n{part(handlers)} * 0)"
@@ -118,8 +120,14 @@ def api_error_ratio(selector: str, window: str, vllm_selector: str | None = None
 def engine_error_ratio(selector: str, window: str) -> str:
     """Share of finished requests vLLM ended with finished_reason="error" (catches streamed
     requests too, whose HTTP status was already 200 when the error came)."""
-    return rate_ratio(m.REQUEST_SUCCESS, m.REQUEST_SUCCESS, selector, window,
-                      ("namespace", "model_name"), num_extra=eq("finished_reason", "error"))
+    return rate_ratio(
+        m.REQUEST_SUCCESS,
+        m.REQUEST_SUCCESS,
+        selector,
+        window,
+        ("namespace", "model_name"),
+        num_extra=eq("finished_reason", "error"),
+    )
 
 
 def alerts(p: AlertParams) -> tuple[Alert, ...]:
@@ -134,8 +142,9 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
     was_ready = sel(m.COLD_START, t, eq("phase", "total"))
     upstream_up = agg("max", per_pod, sel(m.UPSTREAM_UP, t))
     engine_started = sel(m.COLD_START, t, eq("phase", "engine_start"))
-    warmup_failures = agg("sum", per_pod, increase(m.WARMUP_RUNS, t, p.warmup_window,
-                                                   eq("outcome", "failure")))
+    warmup_failures = agg(
+        "sum", per_pod, increase(m.WARMUP_RUNS, t, p.warmup_window, eq("outcome", "failure"))
+    )
     ttft_p95 = quantile(0.95, m.TTFT, t, "5m", ("namespace", "model_name"))
     kv_usage = agg("max", per_engine, sel(m.KV_CACHE_USAGE, t))
     waiting = agg("sum", per_engine, sel(m.WAITING, t))
@@ -146,13 +155,17 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
     # `for:` on the instant gauge, not min_over_time(): a pod that finished draining and went
     # away leaves only draining=1 samples in any window, but its series turns stale at once.
     draining = agg("max", per_pod, sel(m.DRAINING, t))
-    drain_fix = ("Raise sidecar.drainTimeoutSeconds (and the grace period) above the longest "
-                 "request, or cap max_tokens.")
+    drain_fix = (
+        "Raise sidecar.drainTimeoutSeconds (and the grace period) above the longest "
+        "request, or cap max_tokens."
+    )
     return (
         Alert(
-            "MiniStreamPodNotReady", fleet,
+            "MiniStreamPodNotReady",
+            fleet,
             f"({ready} == 0)\nand on (namespace, pod) {was_ready}\n{not_draining}",
-            p.not_ready_for, "warning",
+            p.not_ready_for,
+            "warning",
             f"MiniStream pod {where} is not ready",
             f"{where} was ready once, and its sidecar has reported not ready (without "
             f"draining) for {p.not_ready_for}: vLLM /health fails, or vLLM restarted and "
@@ -161,9 +174,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "and restarts.",
         ),
         Alert(
-            "MiniStreamLoadingStuck", fleet,
+            "MiniStreamLoadingStuck",
+            fleet,
             f"({upstream_up} == 0)\nunless on (namespace, pod) {engine_started}\n{not_draining}",
-            p.loading_budget, "warning",
+            p.loading_budget,
+            "warning",
             f"MiniStream pod {where} has been loading for more than {p.loading_budget}",
             f"vLLM in {where} has not answered /health OK since its sidecar started "
             f"{p.loading_budget} ago: weights still loading (slow storage or S3), the engine "
@@ -172,18 +187,22 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "chart's startup budget.",
         ),
         Alert(
-            "MiniStreamWarmupFailing", fleet,
+            "MiniStreamWarmupFailing",
+            fleet,
             f"{warmup_failures} > 0",
-            "0m", "warning",
+            "0m",
+            "warning",
             f"Warmup failed in {where}",
             f"A warmup run in {where} used up all its attempts in the last {p.warmup_window}: "
             "the pod stays unready. vLLM answers /health but cannot complete requests.",
             "Read the sidecar's warmup log lines (last_error) and send one completion by hand.",
         ),
         Alert(
-            "MiniStreamTTFTAboveSLO", serving,
+            "MiniStreamTTFTAboveSLO",
+            serving,
             f"{ttft_p95}\n> {p.ttft_p95_slo_seconds:g}",
-            p.ttft_for, "warning",
+            p.ttft_for,
+            "warning",
             f"Time to first token p95 of {{{{ $labels.model_name }}}} above its SLO "
             f"({p.ttft_p95_slo_seconds:g} s)",
             "p95 time to first token of {{ $labels.model_name }} in {{ $labels.namespace }} "
@@ -193,9 +212,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "dashboard; add replicas if the fleet is saturated.",
         ),
         Alert(
-            "MiniStreamKVCacheNearlyFull", serving,
+            "MiniStreamKVCacheNearlyFull",
+            serving,
             f"{kv_usage}\n> {p.kv_cache_usage_threshold:g}",
-            p.kv_cache_for, "warning",
+            p.kv_cache_for,
+            "warning",
             f"KV cache of {where} above {p.kv_cache_usage_threshold:.0%}",
             f"KV-cache usage of {where} is {{{{ $value | humanizePercentage }}}} "
             f"(threshold {p.kv_cache_usage_threshold:.0%}) for {p.kv_cache_for}: new requests "
@@ -204,9 +225,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "KV cache more memory.",
         ),
         Alert(
-            "MiniStreamQueueGrowing", serving,
+            "MiniStreamQueueGrowing",
+            serving,
             f"({waiting} > 0)\nand on (namespace, pod, model_name)\n({waiting_trend} > 0)",
-            p.queue_for, "warning",
+            p.queue_for,
+            "warning",
             f"Request queue of {where} keeps growing",
             f"{where} has {{{{ $value }}}} waiting requests, and the queue has grown over the "
             f"last {p.queue_trend_window} for {p.queue_for}: requests arrive faster than the "
@@ -214,9 +237,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "Scale out, or find why throughput dropped (preemptions, KV cache, a slow pod).",
         ),
         Alert(
-            "MiniStreamPreempting", serving,
+            "MiniStreamPreempting",
+            serving,
             f"{preemptions} > 0",
-            p.preemption_for, "warning",
+            p.preemption_for,
+            "warning",
             f"vLLM in {where} keeps preempting requests",
             f'{where} has preempted {{{{ printf "%.2f" $value }}}} requests per second for '
             f"{p.preemption_for}: the KV cache is too small for the concurrent load, and "
@@ -224,10 +249,12 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "Lower max_num_seqs, raise the KV-cache memory, or add replicas.",
         ),
         Alert(
-            "MiniStreamRequestErrors", serving,
+            "MiniStreamRequestErrors",
+            serving,
             f"(\n{api_error_ratio(t, '5m')}\n) > {errors:g}\n"
             f"or\n(\n{engine_error_ratio(t, '5m')}\n) > {errors:g}",
-            p.errors_for, "critical",
+            p.errors_for,
+            "critical",
             "MiniStream requests failing in {{ $labels.namespace }}",
             "{{ $value | humanizePercentage }} of requests in {{ $labels.namespace }} failed "
             "(HTTP 5xx from the OpenAI API, or finished by vLLM with an error) for "
@@ -235,9 +262,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "Read vLLM's logs for the errors; check engine restarts and recent rollouts.",
         ),
         Alert(
-            "MiniStreamDrainTimingOut", fleet,
+            "MiniStreamDrainTimingOut",
+            fleet,
             f"{drain_timeouts} > 0",
-            "0m", "warning",
+            "0m",
+            "warning",
             f"Drain of {where} timed out",
             f"{where} gave up waiting for vLLM to finish its requests (drain outcome timeout) "
             "in the last 30m: requests still running were cut off when vLLM stopped.",
@@ -247,9 +276,11 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
         # Same alert, seen during the drain: the counter above moves only at its end, and the
         # pod may be gone before the next scrape.
         Alert(
-            "MiniStreamDrainTimingOut", fleet,
+            "MiniStreamDrainTimingOut",
+            fleet,
             f"{draining} == 1",
-            p.drain_budget, "warning",
+            p.drain_budget,
+            "warning",
             f"Drain of {where} is taking longer than {p.drain_budget}",
             f"{where} has been draining for more than {p.drain_budget}: vLLM still has "
             "running or waiting requests, and they will be cut off when the drain times out.",

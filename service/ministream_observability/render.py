@@ -19,10 +19,12 @@ from .promql import concrete, metric_names
 COLUMNS = 3
 
 
-def _query_range(client: httpx.Client, expr: str, start: float, end: float,
-                 step: float) -> list[dict[str, Any]]:
-    r = client.get("/api/v1/query_range",
-                   params={"query": expr, "start": start, "end": end, "step": step})
+def _query_range(
+    client: httpx.Client, expr: str, start: float, end: float, step: float
+) -> list[dict[str, Any]]:
+    r = client.get(
+        "/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": step}
+    )
     r.raise_for_status()
     body = r.json()
     if body.get("status") != "success":
@@ -44,12 +46,20 @@ def _format_axis(ax: Any, unit: str) -> None:
     if unit == "percentunit":
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     elif unit == "s":
-        ax.yaxis.set_major_formatter(FuncFormatter(
-            lambda v, _: f"{v * 1000:.0f} ms" if 0 < abs(v) < 1 else f"{v:g} s"))
+        ax.yaxis.set_major_formatter(
+            FuncFormatter(lambda v, _: f"{v * 1000:.0f} ms" if 0 < abs(v) < 1 else f"{v:g} s")
+        )
 
 
-def _plot_panel(ax: Any, client: httpx.Client, panel: Panel, start: float, end: float,
-                step: float, rate_interval: str) -> None:
+def _plot_panel(
+    ax: Any,
+    client: httpx.Client,
+    panel: Panel,
+    start: float,
+    end: float,
+    step: float,
+    rate_interval: str,
+) -> None:
     ax.set_title(panel.title, fontsize=9)
     ax.tick_params(labelsize=7)
     cluster_only = any(metric_names(concrete(t.expr)) & CLUSTER_ONLY for t in panel.targets)
@@ -57,13 +67,21 @@ def _plot_panel(ax: Any, client: httpx.Client, panel: Panel, start: float, end: 
     if panel.kind == "table":
         rows = []
         for target in panel.targets:
-            for series in _query_range(client, concrete(target.expr, rate_interval=rate_interval),
-                                       end, end, step):
+            for series in _query_range(
+                client, concrete(target.expr, rate_interval=rate_interval), end, end, step
+            ):
                 labels = series["metric"]
                 rows.append(", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
         ax.axis("off")
-        ax.text(0.0, 0.9, "\n".join(rows) or "no data", fontsize=7, va="top", wrap=True,
-                transform=ax.transAxes)
+        ax.text(
+            0.0,
+            0.9,
+            "\n".join(rows) or "no data",
+            fontsize=7,
+            va="top",
+            wrap=True,
+            transform=ax.transAxes,
+        )
         return
     plotted = 0
     for target in panel.targets:
@@ -78,11 +96,27 @@ def _plot_panel(ax: Any, client: httpx.Client, panel: Panel, start: float, end: 
         ax.axhline(panel.threshold, color="red", linestyle="--", linewidth=0.8)
     if cluster_only:
         note = "no cluster here: kube-state-metrics" + (" series absent" if plotted else "")
-        ax.text(0.5, 0.5 if not plotted else 0.06, note, ha="center", va="center", fontsize=7,
-                color="gray", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5 if not plotted else 0.06,
+            note,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="gray",
+            transform=ax.transAxes,
+        )
     elif not plotted:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", fontsize=8, color="gray",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no data",
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="gray",
+            transform=ax.transAxes,
+        )
     if 0 < plotted <= 6:
         ax.legend(fontsize=6, loc="upper left")
     ax.set_xlim(0, end - start)
@@ -94,8 +128,16 @@ def _plot_panel(ax: Any, client: httpx.Client, panel: Panel, start: float, end: 
     ax.grid(alpha=0.3)
 
 
-def render_dashboard(prometheus: str, dashboard: Dashboard, out: Path, *, start: float,
-                     end: float, rate_interval: str = "15s", dpi: int = 60) -> Path:
+def render_dashboard(
+    prometheus: str,
+    dashboard: Dashboard,
+    out: Path,
+    *,
+    start: float,
+    end: float,
+    rate_interval: str = "15s",
+    dpi: int = 60,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,10 +150,11 @@ def render_dashboard(prometheus: str, dashboard: Dashboard, out: Path, *, start:
     with httpx.Client(base_url=prometheus, timeout=30) as client:
         for ax, panel in zip(axes.flat, panels, strict=False):
             _plot_panel(ax, client, panel, start, end, step, rate_interval)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"{dashboard.title} — plotted from Prometheus with the dashboard's queries",
-                 fontsize=11)
+    fig.suptitle(
+        f"{dashboard.title} — plotted from Prometheus with the dashboard's queries", fontsize=11
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
@@ -119,11 +162,25 @@ def render_dashboard(prometheus: str, dashboard: Dashboard, out: Path, *, start:
     return out
 
 
-def render_dashboards(prometheus: str, out_dir: Path, params: AlertParams, *,
-                      minutes: float = 10.0, end: float | None = None,
-                      rate_interval: str = "15s") -> list[Path]:
+def render_dashboards(
+    prometheus: str,
+    out_dir: Path,
+    params: AlertParams,
+    *,
+    minutes: float = 10.0,
+    end: float | None = None,
+    rate_interval: str = "15s",
+) -> list[Path]:
     end = time.time() if end is None else end
     start = end - minutes * 60
-    return [render_dashboard(prometheus, d, out_dir / f"{d.uid}.png", start=start, end=end,
-                             rate_interval=rate_interval)
-            for d in all_dashboards(params)]
+    return [
+        render_dashboard(
+            prometheus,
+            d,
+            out_dir / f"{d.uid}.png",
+            start=start,
+            end=end,
+            rate_interval=rate_interval,
+        )
+        for d in all_dashboards(params)
+    ]

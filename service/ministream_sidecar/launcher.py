@@ -86,12 +86,16 @@ def local_model_problem(model: str) -> str | None:
     path = Path(model).expanduser()
     if not path.exists():
         if model.startswith(("/", ".", "~")) or model.count("/") > 1:
-            return (f"--model {model}: no such directory; pass a directory written by "
-                    "`ministream convert` (or an s3:// URI)")
+            return (
+                f"--model {model}: no such directory; pass a directory written by "
+                "`ministream convert` (or an s3:// URI)"
+            )
         return None  # a hub id such as org/name
     if not (path / "config.json").is_file():
-        return (f"--model {model}: no config.json there; pass a directory written by "
-                "`ministream convert`, not the raw training checkpoint")
+        return (
+            f"--model {model}: no config.json there; pass a directory written by "
+            "`ministream convert`, not the raw training checkpoint"
+        )
     return None
 
 

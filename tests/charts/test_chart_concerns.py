@@ -196,8 +196,9 @@ def test_s3_settings_reach_vllm_and_shard_preparation(rendered: Rendered, values
             assert "AWS_CA_BUNDLE" not in e
 
 
-def test_model_hash_pin_reaches_vllm_and_shard_preparation(rendered: Rendered,
-                                                           values: dict) -> None:
+def test_model_hash_pin_reaches_vllm_and_shard_preparation(
+    rendered: Rendered, values: dict
+) -> None:
     pinned = values["model"]["hash"] or None
     for c in [container(pod_spec(rendered), "vllm"), *shard_containers(rendered)]:
         assert env_value(c, "MINISTREAM_MODEL_HASH") == pinned, c["name"]

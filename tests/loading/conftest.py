@@ -49,21 +49,36 @@ def aws(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     return s3_env
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = True,
-            timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "ministream.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=timeout,
-                          check=False)
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ministream.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
     if check and proc.returncode != 0:
-        pytest.fail(f"ministream {' '.join(args)} failed ({proc.returncode}):\n"
-                    f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"ministream {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
 def convert_split(raw: Path, out: Path) -> Path:
     """float32 tiny model in three safetensors files, so one can go missing 'in the middle'."""
-    convert(raw / "model.pt", raw / "train_config.json", raw / "tokenizer", out,
-            dtype="float32", max_shard_size="600KB", progress=False)
+    convert(
+        raw / "model.pt",
+        raw / "train_config.json",
+        raw / "tokenizer",
+        out,
+        dtype="float32",
+        max_shard_size="600KB",
+        progress=False,
+    )
     return out
 
 
@@ -90,8 +105,16 @@ def model_url(s3_env: dict[str, str], model_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def shards_tp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards") / "tiny-tp2"
-    run_cli("shard", "--model", str(model_dir), "--tensor-parallel-size", "2",
-            "--output", str(out), "--quiet")
+    run_cli(
+        "shard",
+        "--model",
+        str(model_dir),
+        "--tensor-parallel-size",
+        "2",
+        "--output",
+        str(out),
+        "--quiet",
+    )
     return out
 
 
@@ -99,8 +122,17 @@ def shards_tp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def shards_tp2_url(s3_env: dict[str, str], model_url: str) -> str:
     """Sharded straight from S3 to S3: ranks stream the source with runai_streamer."""
     url = f"s3://{BUCKET}/tiny-tp2"
-    run_cli("shard", "--model", model_url, "--tensor-parallel-size", "2", "--output", url,
-            "--quiet", env=s3_env)
+    run_cli(
+        "shard",
+        "--model",
+        model_url,
+        "--tensor-parallel-size",
+        "2",
+        "--output",
+        url,
+        "--quiet",
+        env=s3_env,
+    )
     return url
 
 

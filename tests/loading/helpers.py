@@ -52,15 +52,22 @@ class Served:
 
 
 def complete(server: VLLMServer, prompt: list[int]) -> Completion:
-    reply = httpx.post(f"{server.url}/v1/completions", timeout=120, json={
-        "model": server.served_name, "prompt": prompt, "max_tokens": MAX_TOKENS,
-        "temperature": 0, "logprobs": 5, "return_tokens_as_token_ids": True,
-    })
+    reply = httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=120,
+        json={
+            "model": server.served_name,
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "logprobs": 5,
+            "return_tokens_as_token_ids": True,
+        },
+    )
     reply.raise_for_status()
     lp = reply.json()["choices"][0]["logprobs"]
     tokens = [int(t.split(":")[1]) for t in lp["tokens"]]
-    top = [{int(k.split(":")[1]): float(v) for k, v in step.items()}
-           for step in lp["top_logprobs"]]
+    top = [{int(k.split(":")[1]): float(v) for k, v in step.items()} for step in lp["top_logprobs"]]
     return Completion(prompt, tokens, top)
 
 
@@ -99,15 +106,25 @@ class OpenWatch:
 
     def __enter__(self) -> OpenWatch:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64,
-                                       ctypes.c_int, ctypes.c_char_p]
-        self._fd = libc.fanotify_init(self._FAN_CLOEXEC | self._FAN_NONBLOCK,
-                                      os.O_RDONLY | os.O_CLOEXEC)
+        libc.fanotify_mark.argtypes = [
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint64,
+            ctypes.c_int,
+            ctypes.c_char_p,
+        ]
+        self._fd = libc.fanotify_init(
+            self._FAN_CLOEXEC | self._FAN_NONBLOCK, os.O_RDONLY | os.O_CLOEXEC
+        )
         if self._fd < 0:
             raise OSError(ctypes.get_errno(), "fanotify_init (needs CAP_SYS_ADMIN)")
         for path in self.paths:
-            if libc.fanotify_mark(self._fd, self._FAN_MARK_ADD, self._FAN_OPEN,
-                                  self._AT_FDCWD, str(path).encode()) != 0:
+            if (
+                libc.fanotify_mark(
+                    self._fd, self._FAN_MARK_ADD, self._FAN_OPEN, self._AT_FDCWD, str(path).encode()
+                )
+                != 0
+            ):
                 raise OSError(ctypes.get_errno(), f"fanotify_mark {path}")
         self._thread.start()
         return self
@@ -132,12 +149,21 @@ class OpenWatch:
         os.close(self._fd)
 
 
-def serve(model: str, log_path: Path, *, extra_args: Sequence[str] = (),
-          env: Mapping[str, str] | None = None, tp: int = 1) -> Served:
+def serve(
+    model: str,
+    log_path: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    tp: int = 1,
+) -> Served:
     """Start a server, wait for /health, take greedy completions (and per-rank reads), stop."""
-    server = VLLMServer(model=model, log_path=log_path,
-                        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
-                        env={**(env or {}), **(TP2_ENV if tp == 2 else {})})
+    server = VLLMServer(
+        model=model,
+        log_path=log_path,
+        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
+        env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
+    )
     server.start()
     try:
         server.wait_healthy(timeout=START_TIMEOUT)
@@ -149,20 +175,30 @@ def serve(model: str, log_path: Path, *, extra_args: Sequence[str] = (),
     return Served(completions, read, pids, log_path.read_text(errors="replace"))
 
 
-def expect_start_failure(model: str, log_path: Path, *, extra_args: Sequence[str] = (),
-                         env: Mapping[str, str] | None = None, tp: int = 1,
-                         timeout: float = START_TIMEOUT) -> str:
+def expect_start_failure(
+    model: str,
+    log_path: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    tp: int = 1,
+    timeout: float = START_TIMEOUT,
+) -> str:
     """Start a server that must exit without ever answering /health OK; return its log."""
-    server = VLLMServer(model=model, log_path=log_path,
-                        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
-                        env={**(env or {}), **(TP2_ENV if tp == 2 else {})})
+    server = VLLMServer(
+        model=model,
+        log_path=log_path,
+        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
+        env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
+    )
     server.start()
     assert server.process is not None
     deadline = time.monotonic() + timeout
     try:
         while server.process.poll() is None:
-            assert time.monotonic() < deadline, f"still running after {timeout}s:\n" \
-                                                f"{server.log_tail()}"
+            assert time.monotonic() < deadline, (
+                f"still running after {timeout}s:\n{server.log_tail()}"
+            )
             try:
                 status = httpx.get(f"{server.url}/health", timeout=2).status_code
             except httpx.HTTPError:
@@ -177,5 +213,6 @@ def expect_start_failure(model: str, log_path: Path, *, extra_args: Sequence[str
 
 def assert_same_tokens(expected: list[Completion], actual: list[Completion]) -> None:
     problems = compare(expected, actual, atol=ATOL, require_identical=True)
-    assert not problems, "\n".join(f"prompt {p.prompt_index} pos {p.position}: {p.detail}"
-                                   for p in problems)
+    assert not problems, "\n".join(
+        f"prompt {p.prompt_index} pos {p.position}: {p.detail}" for p in problems
+    )

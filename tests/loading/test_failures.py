@@ -33,19 +33,22 @@ def test_wrong_credentials(model_url: str, s3_env: dict[str, str], tmp_path: Pat
 
 
 def test_missing_bucket(s3_env: dict[str, str], tmp_path: Path) -> None:
-    log = expect_start_failure("s3://no-such-bucket/tiny", tmp_path / "vllm.log", env=s3_env,
-                               extra_args=RUNAI)
+    log = expect_start_failure(
+        "s3://no-such-bucket/tiny", tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI
+    )
     assert "NoSuchBucket" in log
 
 
 def test_missing_prefix(model_url: str, s3_env: dict[str, str], tmp_path: Path) -> None:
-    log = expect_start_failure(f"s3://{BUCKET}/no-such-model", tmp_path / "vllm.log",
-                               env=s3_env, extra_args=RUNAI)
+    log = expect_start_failure(
+        f"s3://{BUCKET}/no-such-model", tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI
+    )
     assert "config.json" in log
 
 
-def test_object_deleted_from_the_middle(model_dir: Path, s3: S3Server, s3_env: dict[str, str],
-                                        tmp_path: Path) -> None:
+def test_object_deleted_from_the_middle(
+    model_dir: Path, s3: S3Server, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     url = f"s3://{BUCKET}/holey"
     run_cli("upload", str(model_dir), url, "--quiet", env=s3_env)
     s3.client().delete_object(Bucket=BUCKET, Key="holey/model-00002-of-00003.safetensors")
@@ -54,8 +57,9 @@ def test_object_deleted_from_the_middle(model_dir: Path, s3: S3Server, s3_env: d
     assert WEIGHTS_READ not in log
 
 
-def test_interrupted_upload_is_not_served(model_dir: Path, s3: S3Server,
-                                          s3_env: dict[str, str], tmp_path: Path) -> None:
+def test_interrupted_upload_is_not_served(
+    model_dir: Path, s3: S3Server, s3_env: dict[str, str], tmp_path: Path
+) -> None:
     """An upload cut off after its last file, before the manifest (written last).
 
     The one interrupted state in which every file vLLM needs is present: without the guard
@@ -81,15 +85,19 @@ def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
         env = {**store.env(), "VLLM_ASSETS_CACHE": str(tmp_path / "assets")}
         url = f"s3://{BUCKET}/tiny"
         run_cli("upload", str(model_dir), url, "--quiet", env=env)
-        server = VLLMServer(model=url, log_path=tmp_path / "vllm.log",
-                            args=[*BASE_ARGS, *RUNAI], env=env).start()
+        server = VLLMServer(
+            model=url, log_path=tmp_path / "vllm.log", args=[*BASE_ARGS, *RUNAI], env=env
+        ).start()
         try:
             deadline = time.monotonic() + START_TIMEOUT
             # The request log lists a request when it completes: the first weights GET done.
-            while not any(r["method"] == "GET" and r["path"].endswith(".safetensors")
-                          for r in store.requests()):
-                assert server.process is not None and server.process.poll() is None, \
+            while not any(
+                r["method"] == "GET" and r["path"].endswith(".safetensors")
+                for r in store.requests()
+            ):
+                assert server.process is not None and server.process.poll() is None, (
                     server.log_tail()
+                )
                 assert time.monotonic() < deadline, server.log_tail()
                 time.sleep(0.2)
             store.kill()
@@ -103,26 +111,40 @@ def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_tp_mismatch_fails_before_reading_weights(shards_tp2: Path, tmp_path: Path) -> None:
-    log = expect_start_failure(str(shards_tp2), tmp_path / "vllm.log",
-                               extra_args=["--load-format", "sharded_state"], tp=1)
-    assert (f"shard set {shards_tp2} was made for tensor-parallel size 2, but vLLM is "
-            "starting with tensor-parallel size 1") in log
+    log = expect_start_failure(
+        str(shards_tp2), tmp_path / "vllm.log", extra_args=["--load-format", "sharded_state"], tp=1
+    )
+    assert (
+        f"shard set {shards_tp2} was made for tensor-parallel size 2, but vLLM is "
+        "starting with tensor-parallel size 1"
+    ) in log
     assert "--tensor-parallel-size 2" in log
     assert "ministream shard --model" in log and "--tensor-parallel-size 1" in log
     assert WEIGHTS_READ not in log
 
 
-def test_shard_set_from_another_model(shards_tp2: Path, other_model_dir: Path,
-                                      tmp_path: Path) -> None:
+def test_shard_set_from_another_model(
+    shards_tp2: Path, other_model_dir: Path, tmp_path: Path
+) -> None:
     """A rank file of another model's shard set copied in (same shapes: vLLM would serve it)."""
     other = tmp_path / "other-tp2"
-    run_cli("shard", "--model", str(other_model_dir), "--tensor-parallel-size", "2",
-            "--output", str(other), "--quiet")
+    run_cli(
+        "shard",
+        "--model",
+        str(other_model_dir),
+        "--tensor-parallel-size",
+        "2",
+        "--output",
+        str(other),
+        "--quiet",
+    )
     mixed = shutil.copytree(shards_tp2, tmp_path / "mixed")
-    shutil.copy2(other / "model-rank-1-part-0.safetensors",
-                 mixed / "model-rank-1-part-0.safetensors")
-    log = expect_start_failure(str(mixed), tmp_path / "vllm.log", tp=2,
-                               extra_args=["--load-format", "sharded_state"])
+    shutil.copy2(
+        other / "model-rank-1-part-0.safetensors", mixed / "model-rank-1-part-0.safetensors"
+    )
+    log = expect_start_failure(
+        str(mixed), tmp_path / "vllm.log", tp=2, extra_args=["--load-format", "sharded_state"]
+    )
     assert f"{mixed}/model-rank-1-part-0.safetensors was made from another model" in log
     # Rank 1 stops before reading; rank 0 may read its own (valid) shard meanwhile.
     assert not [ln for ln in log.splitlines() if "Worker_TP1" in ln and WEIGHTS_READ in ln]

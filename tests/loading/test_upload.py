@@ -28,13 +28,18 @@ from tests.support.s3_server import S3Server
 
 
 def _puts(s3: S3Server, prefix: str, since: int = 0) -> list[str]:
-    return [r["path"].rsplit("/", 1)[1] for r in s3.requests()[since:]
-            if r["method"] == "PUT" and r["path"].startswith(f"/{BUCKET}/{prefix}/")
-            and r["status"] == 200]
+    return [
+        r["path"].rsplit("/", 1)[1]
+        for r in s3.requests()[since:]
+        if r["method"] == "PUT"
+        and r["path"].startswith(f"/{BUCKET}/{prefix}/")
+        and r["status"] == 200
+    ]
 
 
-def test_upload_verifies_and_writes_the_manifest_last(aws: dict[str, str], s3: S3Server,
-                                                     model_dir: Path) -> None:
+def test_upload_verifies_and_writes_the_manifest_last(
+    aws: dict[str, str], s3: S3Server, model_dir: Path
+) -> None:
     before = len(s3.requests())
     result = upload(model_dir, f"s3://{BUCKET}/up-basic", progress=False)
     manifest = Manifest.load(model_dir)
@@ -66,8 +71,9 @@ def _big_model(model_dir: Path, dst: Path) -> Path:
     return dst
 
 
-def test_killed_upload_is_incomplete_then_resumes(model_dir: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_killed_upload_is_incomplete_then_resumes(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGKILL (an evicted pod) in the middle of a multipart upload, then the same command."""
     slow = S3Server(tmp_path / "s3", auth=True, delay_put=0.4).start()
     try:
@@ -76,8 +82,19 @@ def test_killed_upload_is_incomplete_then_resumes(model_dir: Path, tmp_path: Pat
             monkeypatch.setenv(key, value)
         src = _big_model(model_dir, tmp_path / "big")
         url = f"s3://{BUCKET}/resume"
-        cmd = [sys.executable, "-m", "ministream.cli", "upload", str(src), url, "--jobs", "1",
-               "--part-size-mib", "5", "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ministream.cli",
+            "upload",
+            str(src),
+            url,
+            "--jobs",
+            "1",
+            "--part-size-mib",
+            "5",
+            "--quiet",
+        ]
         proc = subprocess.Popen(cmd, env=os.environ.copy())
         deadline = time.monotonic() + 120
         while not any("partNumber=2" in r["query"] for r in slow.requests()):
@@ -87,16 +104,17 @@ def test_killed_upload_is_incomplete_then_resumes(model_dir: Path, tmp_path: Pat
         proc.wait(10)
 
         client = slow.client()
-        names = {o["Key"].split("/", 1)[1]
-                 for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
+        names = {
+            o["Key"].split("/", 1)[1]
+            for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])
+        }
         assert MANIFEST_NAME not in names
         assert "config.json" not in names  # written just before the manifest
         assert client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")  # left behind
         with pytest.raises(StorageError, match="the upload did not finish"):
             check_model_files(url, "runai_streamer")
 
-        done = run_cli("upload", str(src), url, "--jobs", "4", "--part-size-mib", "5",
-                       "--quiet")
+        done = run_cli("upload", str(src), url, "--jobs", "4", "--part-size-mib", "5", "--quiet")
         skipped = len(names)
         assert f"skipped {skipped} already present" in done.stdout, done.stdout
         assert skipped >= 1
@@ -108,11 +126,11 @@ def test_killed_upload_is_incomplete_then_resumes(model_dir: Path, tmp_path: Pat
         slow.stop()
 
 
-def test_stray_weights_are_refused_then_deleted_on_request(aws: dict[str, str], s3: S3Server,
-                                                           model_dir: Path) -> None:
+def test_stray_weights_are_refused_then_deleted_on_request(
+    aws: dict[str, str], s3: S3Server, model_dir: Path
+) -> None:
     client = s3.client()
-    client.put_object(Bucket=BUCKET, Key="up-stray/model-00009-of-00009.safetensors",
-                      Body=b"old")
+    client.put_object(Bucket=BUCKET, Key="up-stray/model-00009-of-00009.safetensors", Body=b"old")
     with pytest.raises(StorageError, match=r"model-00009-of-00009\.safetensors.*--delete-stray"):
         upload(model_dir, f"s3://{BUCKET}/up-stray", progress=False)
     assert "Contents" in client.list_objects_v2(Bucket=BUCKET, Prefix="up-stray/")
@@ -121,9 +139,9 @@ def test_stray_weights_are_refused_then_deleted_on_request(aws: dict[str, str], 
     check_model_files(f"s3://{BUCKET}/up-stray", "runai_streamer")
 
 
-def test_replacing_a_model_deletes_the_old_manifest_first(aws: dict[str, str], s3: S3Server,
-                                                          model_dir: Path,
-                                                          other_model_dir: Path) -> None:
+def test_replacing_a_model_deletes_the_old_manifest_first(
+    aws: dict[str, str], s3: S3Server, model_dir: Path, other_model_dir: Path
+) -> None:
     url = f"s3://{BUCKET}/up-replace"
     upload(model_dir, url, progress=False)
     before = len(s3.requests())
@@ -136,8 +154,9 @@ def test_replacing_a_model_deletes_the_old_manifest_first(aws: dict[str, str], s
     assert remote["Body"].read().decode() == (other_model_dir / MANIFEST_NAME).read_text()
 
 
-def test_a_corrupt_local_model_is_not_uploaded(aws: dict[str, str], s3: S3Server,
-                                               model_dir: Path, tmp_path: Path) -> None:
+def test_a_corrupt_local_model_is_not_uploaded(
+    aws: dict[str, str], s3: S3Server, model_dir: Path, tmp_path: Path
+) -> None:
     bad = shutil.copytree(model_dir, tmp_path / "bad")
     weights = bad / "model-00002-of-00003.safetensors"
     data = bytearray(weights.read_bytes())
@@ -149,22 +168,26 @@ def test_a_corrupt_local_model_is_not_uploaded(aws: dict[str, str], s3: S3Server
     assert len(s3.requests()) == before
 
 
-def test_storage_errors_are_one_line_and_name_the_cause(s3_env: dict[str, str],
-                                                        model_dir: Path) -> None:
+def test_storage_errors_are_one_line_and_name_the_cause(
+    s3_env: dict[str, str], model_dir: Path
+) -> None:
     wrong = {**s3_env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
-    proc = run_cli("upload", str(model_dir), f"s3://{BUCKET}/up-err", "--quiet", env=wrong,
-                   check=False)
+    proc = run_cli(
+        "upload", str(model_dir), f"s3://{BUCKET}/up-err", "--quiet", env=wrong, check=False
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "refused the credentials (SignatureDoesNotMatch" in proc.stderr
 
-    proc = run_cli("upload", str(model_dir), "s3://no-such-bucket/x", "--quiet", env=s3_env,
-                   check=False)
+    proc = run_cli(
+        "upload", str(model_dir), "s3://no-such-bucket/x", "--quiet", env=s3_env, check=False
+    )
     assert proc.returncode == 2
     assert "bucket 'no-such-bucket' does not exist" in proc.stderr
 
     dead = {**s3_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    proc = run_cli("upload", str(model_dir), f"s3://{BUCKET}/up-err", "--quiet", env=dead,
-                   check=False)
+    proc = run_cli(
+        "upload", str(model_dir), f"s3://{BUCKET}/up-err", "--quiet", env=dead, check=False
+    )
     assert proc.returncode == 2
     assert "cannot reach http://127.0.0.1:9" in proc.stderr

@@ -37,9 +37,22 @@ def slo_run(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[
     scenario = out / "tiny-chat.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
     proc = subprocess.run(
-        [sys.executable, "-m", "ministream_loadtest", "run", "--scenario", str(scenario),
-         "--base-url", vllm_server.url, "--output-dir", str(out / "report")],
-        capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "ministream_loadtest",
+            "run",
+            "--scenario",
+            str(scenario),
+            "--base-url",
+            vllm_server.url,
+            "--output-dir",
+            str(out / "report"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report" / "report.json").read_text())
     return {"dir": out / "report", "report": report}
@@ -50,8 +63,7 @@ def test_report_has_every_slo_figure_per_sweep_point(slo_run: dict[str, Any]) ->
     assert report["engine"]["name"] == "vllm bench serve"
     assert report["engine"]["version"].endswith("0.32.0")
     (scenario,) = report["scenarios"]
-    assert [p["load"] for p in scenario["points"]] == [{"concurrency": 1.0},
-                                                       {"concurrency": 2.0}]
+    assert [p["load"] for p in scenario["points"]] == [{"concurrency": 1.0}, {"concurrency": 2.0}]
     for point in scenario["points"]:
         assert point["requests"] == {"sent": 8, "completed": 8, "failed": 0}
         assert point["errors"] == {}
@@ -81,9 +93,14 @@ def test_report_figures_match_the_engines_raw_records_by_hand(slo_run: dict[str,
     assert point["itl_ms"]["p99"] == pytest.approx(np.percentile(itl_ms, 99))
     assert point["throughput"]["requests_per_s"] == pytest.approx(len(ok) / raw["duration"])
     assert point["throughput"]["output_tokens_per_s"] == pytest.approx(
-        sum(raw["output_lens"]) / raw["duration"])
+        sum(raw["output_lens"]) / raw["duration"]
+    )
     # Goodput by hand: a request is good when it meets every SLO of the scenario.
-    good = sum(1 for i in ok if raw["ttfts"][i] * 1000 <= SCENARIO["slo"]["ttft_ms"]
-               and raw["latencies"][i] * 1000 <= SCENARIO["slo"]["e2el_ms"])
+    good = sum(
+        1
+        for i in ok
+        if raw["ttfts"][i] * 1000 <= SCENARIO["slo"]["ttft_ms"]
+        and raw["latencies"][i] * 1000 <= SCENARIO["slo"]["e2el_ms"]
+    )
     assert point["goodput"]["good_requests"] == good
     assert point["goodput"]["attainment"] == pytest.approx(good / 8)

@@ -41,9 +41,25 @@ VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
     find_haproxy()  # a missing HAProxy fails here, naming scripts/install_haproxy.sh
     output = out / "rollout.json"
-    cmd = [sys.executable, "-m", "ministream_loadtest", "rollout", "--replicas", "2",
-           "--output", str(output), "--model", str(model), "--served-model-name",
-           "ministream-tiny", "--rate", RATE, *extra, "--", *VLLM_ARGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ministream_loadtest",
+        "rollout",
+        "--replicas",
+        "2",
+        "--output",
+        str(output),
+        "--model",
+        str(model),
+        "--served-model-name",
+        "ministream-tiny",
+        "--rate",
+        RATE,
+        *extra,
+        "--",
+        *VLLM_ARGS,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=3300)
@@ -59,15 +75,27 @@ def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def with_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_rollout(tiny_model_dir, tmp_path_factory.mktemp("rollout-drain"),
-                       "--rollout-mode", "surge", "--restarts", "1")
+    return run_rollout(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("rollout-drain"),
+        "--rollout-mode",
+        "surge",
+        "--restarts",
+        "1",
+    )
 
 
 @pytest.fixture(scope="module")
-def without_drain(tiny_model_dir: Path,
-                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_rollout(tiny_model_dir, tmp_path_factory.mktemp("rollout-nodrain"), "--no-drain",
-                       "--rollout-mode", "inPlace", "--endpoint-lag", CONTROL_ENDPOINT_LAG)
+def without_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_rollout(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("rollout-nodrain"),
+        "--no-drain",
+        "--rollout-mode",
+        "inPlace",
+        "--endpoint-lag",
+        CONTROL_ENDPOINT_LAG,
+    )
 
 
 def check_counts_against_raw(report: dict[str, Any]) -> None:
@@ -88,8 +116,11 @@ def check_counts_against_raw(report: dict[str, Any]) -> None:
     assert all(u["cause"] in CONNECTION_CAUSES for u in check["unlogged"]), check["unlogged"]
     # The window's percentiles by hand from the raw records.
     t0, window = report["t0_perf_counter"], report["restart_window"]
-    inside = [i for i, s in enumerate(raw["start_times"])
-              if window["start_s"] <= s - t0 <= window["end_s"]]
+    inside = [
+        i
+        for i, s in enumerate(raw["start_times"])
+        if window["start_s"] <= s - t0 <= window["end_s"]
+    ]
     assert window["sent"] == len(inside) > 0
     good = [raw["latencies"][i] * 1000 for i in inside if not raw["errors"][i]]
     if good and window["failed"] == 0:
@@ -120,7 +151,8 @@ def test_rolling_restart_with_drain_drops_no_request(with_drain: dict[str, Any])
     assert old["prestop"]["seconds"] >= report["chart_timings"]["drain_min_seconds"] - 0.5
     assert not old["sigkilled"]
     assert old["sigterm_s"] - old["terminating_s"] == pytest.approx(
-        old["prestop"]["seconds"], abs=1.0)
+        old["prestop"]["seconds"], abs=1.0
+    )
 
 
 def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any]) -> None:
@@ -152,6 +184,8 @@ def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any])
     for failure in report["failures"]:
         lead = slowest_ttft if failure["cause"] == "http_500" else slowest_e2e
         candidates = [pods[failure["pod"]]] if failure["pod"] else old_pods
-        assert any(pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"]
-                   + 0.5 for pod in candidates), failure
+        assert any(
+            pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"] + 0.5
+            for pod in candidates
+        ), failure
         assert raw["errors"][int(failure["request_id"].rsplit("-", 1)[1])]

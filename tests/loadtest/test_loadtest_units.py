@@ -46,14 +46,17 @@ def test_the_four_scenarios_ship_and_fit_the_demo_model() -> None:
     assert resolve_scenario("mixed") == Path(names["mixed"].path)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"bogus": 1}, "unknown keys"),
-    ({"sweep": {"mode": "rps", "values": [1]}}, "sweep.mode"),
-    ({"sweep": {"mode": "concurrency", "values": [1.5]}}, "whole numbers"),
-    ({"range_ratio": 1.0}, "range_ratio"),
-    ({"slo": {"ttft": 5}}, "slo keys"),
-    ({"api": "embeddings"}, "api"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"bogus": 1}, "unknown keys"),
+        ({"sweep": {"mode": "rps", "values": [1]}}, "sweep.mode"),
+        ({"sweep": {"mode": "concurrency", "values": [1.5]}}, "whole numbers"),
+        ({"range_ratio": 1.0}, "range_ratio"),
+        ({"slo": {"ttft": 5}}, "slo keys"),
+        ({"api": "embeddings"}, "api"),
+    ],
+)
 def test_bad_scenarios_are_refused(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     data = yaml.safe_load(resolve_scenario("short-chat").read_text()) | change
     path = tmp_path / "bad.yaml"
@@ -79,7 +82,8 @@ def test_engine_flags_parse_with_vllms_own_parser(tmp_path: Path) -> None:
     assert set(args.percentile_metrics.split(",")) == {"ttft", "tpot", "itl", "e2el"}
     assert sorted(args.goodput) == ["e2el:60000", "tpot:200", "ttft:2000"]
     chat = load_scenario(resolve_scenario("long-prompt")).load_spec(
-        2, base_url="u", model="m", tokenizer="t")
+        2, base_url="u", model="m", tokenizer="t"
+    )
     args = parser.parse_args(engine_args(chat, tmp_path / "c.json"))
     assert args.max_concurrency == 2 and args.request_rate == float("inf")
 
@@ -96,8 +100,10 @@ def test_timings_come_from_the_charts_values_file() -> None:
     assert t.rollout_mode == values["rollout"]["mode"]
     if values["terminationGracePeriodSeconds"] is None:  # the chart's formula
         assert t.termination_grace_period_seconds == (
-            t.drain_timeout_seconds + t.vllm_shutdown_timeout_seconds
-            + values["shutdown"]["marginSeconds"])
+            t.drain_timeout_seconds
+            + t.vllm_shutdown_timeout_seconds
+            + values["shutdown"]["marginSeconds"]
+        )
     env = t.sidecar_env()
     assert env["MINISTREAM_SIDECAR_DRAIN_GRACE_SECONDS"] == str(t.drain_min_seconds)
     assert env["MINISTREAM_SIDECAR_WARMUP_REQUESTS"] == str(values["sidecar"]["warmup"]["requests"])
@@ -123,26 +129,41 @@ def test_each_pod_gets_cores_of_its_own() -> None:
         cpu_binding(0, 1, [])
 
 
-@pytest.mark.parametrize(("args", "tp"), [
-    ([], 1), (["--tensor-parallel-size", "2"], 2), (["--tensor-parallel-size=4"], 4),
-    (["--dtype", "float32", "-tp", "2"], 2), (["-tp=2"], 2),
-])
+@pytest.mark.parametrize(
+    ("args", "tp"),
+    [
+        ([], 1),
+        (["--tensor-parallel-size", "2"], 2),
+        (["--tensor-parallel-size=4"], 4),
+        (["--dtype", "float32", "-tp", "2"], 2),
+        (["-tp=2"], 2),
+    ],
+)
 def test_tensor_parallel_size_from_vllm_args(args: list[str], tp: int) -> None:
     assert tensor_parallel_size(args) == tp
 
 
 # --- records --------------------------------------------------------------------------------
-@pytest.mark.parametrize("error, cause", [
-    ("Internal Server Error", "http_500"),
-    ("Service Unavailable", "http_503"),
-    ("", "http_error_without_reason"),
-    ("Traceback (most recent call last):\n  ...\naiohttp.client_exceptions.ClientConnectorError: "
-     "Cannot connect to host 127.0.0.1:1", "connection_refused"),
-    ("Traceback (most recent call last):\naiohttp.client_exceptions.ClientPayloadError: "
-     "Response payload is not completed", "stream_interrupted"),
-    ("Traceback (most recent call last):\nValueError: boom", "value_error"),
-    ("Never received a valid chunk to calculate TTFT.", "no_tokens"),
-])
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        ("Internal Server Error", "http_500"),
+        ("Service Unavailable", "http_503"),
+        ("", "http_error_without_reason"),
+        (
+            "Traceback (most recent call last):\n  ...\n"
+            "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:1",
+            "connection_refused",
+        ),
+        (
+            "Traceback (most recent call last):\naiohttp.client_exceptions.ClientPayloadError: "
+            "Response payload is not completed",
+            "stream_interrupted",
+        ),
+        ("Traceback (most recent call last):\nValueError: boom", "value_error"),
+        ("Never received a valid chunk to calculate TTFT.", "no_tokens"),
+    ],
+)
 def test_failure_causes(error: str, cause: str) -> None:
     assert classify_error(error) == cause
 
@@ -150,15 +171,27 @@ def test_failure_causes(error: str, cause: str) -> None:
 def engine_like_result() -> dict[str, Any]:
     """Shaped like `vllm bench serve --save-detailed` output: 3 good requests, 1 failure."""
     return {
-        "duration": 4.0, "completed": 3, "failed": 1, "total_input_tokens": 30,
-        "total_output_tokens": 11, "request_throughput": 0.75, "request_goodput": 0.5,
-        "output_throughput": 2.75, "total_token_throughput": 10.25,
+        "duration": 4.0,
+        "completed": 3,
+        "failed": 1,
+        "total_input_tokens": 30,
+        "total_output_tokens": 11,
+        "request_throughput": 0.75,
+        "request_goodput": 0.5,
+        "output_throughput": 2.75,
+        "total_token_throughput": 10.25,
         "start_times": [10.0, 10.5, 11.0, 11.5],
-        "ttfts": [0.1, 0.2, 0.0, 0.3], "itls": [[0.05] * 3, [0.06] * 3, [], [0.07]],
-        "latencies": [0.25, 0.38, 0.0, 0.37], "input_lens": [10, 10, 10, 10],
-        "output_lens": [4, 4, 0, 2], "errors": ["", "", "Internal Server Error", ""],
-        **{f"{k}_{m}_ms": 1.0 for m in ("ttft", "tpot", "itl", "e2el")
-           for k in ("mean", "p50", "p95", "p99")},
+        "ttfts": [0.1, 0.2, 0.0, 0.3],
+        "itls": [[0.05] * 3, [0.06] * 3, [], [0.07]],
+        "latencies": [0.25, 0.38, 0.0, 0.37],
+        "input_lens": [10, 10, 10, 10],
+        "output_lens": [4, 4, 0, 2],
+        "errors": ["", "", "Internal Server Error", ""],
+        **{
+            f"{k}_{m}_ms": 1.0
+            for m in ("ttft", "tpot", "itl", "e2el")
+            for k in ("mean", "p50", "p95", "p99")
+        },
     }
 
 
@@ -192,8 +225,9 @@ def test_a_proxy_status_agrees_with_stream_failures_after_the_200() -> None:
 def test_point_report_takes_the_engines_figures(tmp_path: Path) -> None:
     sc = load_scenario(resolve_scenario("short-chat"))
     result = engine_like_result() | {"p99_ttft_ms": 123.0, "p50_e2el_ms": 456.0}
-    point = point_report(result, scenario=sc, value=1.0, raw_file=tmp_path / "raw" / "p.json",
-                         report_dir=tmp_path)
+    point = point_report(
+        result, scenario=sc, value=1.0, raw_file=tmp_path / "raw" / "p.json", report_dir=tmp_path
+    )
     assert point["raw"] == "raw/p.json"
     assert point["ttft_ms"]["p99"] == 123.0 and point["e2el_ms"]["p50"] == 456.0
     assert point["requests"] == {"sent": 4, "completed": 3, "failed": 1}
@@ -257,22 +291,30 @@ def _get(url: str, rid: str) -> str:
 def test_haproxy_config_is_accepted(tmp_path: Path) -> None:
     timings = load_chart_timings()
     cfg = tmp_path / "h.cfg"
-    cfg.write_text(render_config(frontend_port=1, socket_path=tmp_path / "s",
-                                 slots=[Slot(0, 2, 3), Slot(1, 4, 5)], enabled={0},
-                                 timings=timings))
+    cfg.write_text(
+        render_config(
+            frontend_port=1,
+            socket_path=tmp_path / "s",
+            slots=[Slot(0, 2, 3), Slot(1, 4, 5)],
+            enabled={0},
+            timings=timings,
+        )
+    )
     text = cfg.read_text()
-    assert f"inter {timings.readiness_period_seconds}s fall " \
-           f"{timings.readiness_failure_threshold} rise 1" in text
+    assert (
+        f"inter {timings.readiness_period_seconds}s fall "
+        f"{timings.readiness_failure_threshold} rise 1" in text
+    )
     assert f"timeout check {timings.readiness_timeout_seconds}s" in text
-    check = subprocess.run([find_haproxy(), "-c", "-f", str(cfg)], capture_output=True,
-                           text=True)
+    check = subprocess.run([find_haproxy(), "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_haproxy_routes_by_readiness_like_a_service(toy_fleet: Any) -> None:
     haproxy, watcher, (a, b, c) = toy_fleet
-    assert watcher.wait_for(lambda s: s["slot0"] == s["slot1"] == "UP" and
-                            s["slot2"] == "MAINT", 10)
+    assert watcher.wait_for(
+        lambda s: s["slot0"] == s["slot1"] == "UP" and s["slot2"] == "MAINT", 10
+    )
     served = Counter(_get(f"{haproxy.url}/x", f"r{i}") for i in range(6))
     assert served == {"a": 3, "b": 3}
 
@@ -311,11 +353,39 @@ def test_haproxy_routes_by_readiness_like_a_service(toy_fleet: Any) -> None:
 
 
 def test_cli_refuses_nonsense() -> None:
-    run = subprocess.run([sys.executable, "-m", "ministream_loadtest", "rollout", "--replicas",
-                          "0", "--output", "x.json", "--model", "m"], capture_output=True,
-                         text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ministream_loadtest",
+            "rollout",
+            "--replicas",
+            "0",
+            "--output",
+            "x.json",
+            "--model",
+            "m",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0 and "--replicas" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "ministream_loadtest", "run", "--scenario",
-                          "nope", "--model", "m", "--tokenizer", "t", "--output-dir", "o"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ministream_loadtest",
+            "run",
+            "--scenario",
+            "nope",
+            "--model",
+            "m",
+            "--tokenizer",
+            "t",
+            "--output-dir",
+            "o",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "shipped scenarios" in run.stderr

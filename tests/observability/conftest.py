@@ -55,8 +55,9 @@ class SidecarProcess:
 
 
 @pytest.fixture(scope="session")
-def sidecar_process(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
-                    ) -> Iterator[SidecarProcess]:
+def sidecar_process(
+    vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SidecarProcess]:
     """`ministream-sidecar` (the console script users run) next to the session's vLLM.
 
     Warmup on start is off: the test posts /warmup after Prometheus has scraped the sidecar
@@ -65,28 +66,34 @@ def sidecar_process(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
     port = free_port()
     script = Path(sys.executable).with_name("ministream-sidecar")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "ministream_sidecar"]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MINISTREAM_SIDECAR_") and k not in
-           {"KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "POD_UID"}}
-    env.update({
-        "MINISTREAM_SIDECAR_HOST": "127.0.0.1",
-        "MINISTREAM_SIDECAR_PORT": str(port),
-        "MINISTREAM_SIDECAR_VLLM_URL": vllm_server.url,
-        "MINISTREAM_SIDECAR_MODEL_NAME": vllm_server.served_name,
-        "MINISTREAM_SIDECAR_WARMUP_ON_START": "false",
-        "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
-        "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "2",
-        "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "32",
-        "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "8",
-        "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
-        "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
-        "MINISTREAM_SIDECAR_INFO_REVISION": "test",
-        "MINISTREAM_SIDECAR_LOG_LEVEL": "WARNING",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MINISTREAM_SIDECAR_")
+        and k not in {"KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "POD_UID"}
+    }
+    env.update(
+        {
+            "MINISTREAM_SIDECAR_HOST": "127.0.0.1",
+            "MINISTREAM_SIDECAR_PORT": str(port),
+            "MINISTREAM_SIDECAR_VLLM_URL": vllm_server.url,
+            "MINISTREAM_SIDECAR_MODEL_NAME": vllm_server.served_name,
+            "MINISTREAM_SIDECAR_WARMUP_ON_START": "false",
+            "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
+            "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "2",
+            "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "32",
+            "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "8",
+            "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
+            "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
+            "MINISTREAM_SIDECAR_INFO_REVISION": "test",
+            "MINISTREAM_SIDECAR_LOG_LEVEL": "WARNING",
+        }
+    )
     log_path = tmp_path_factory.mktemp("sidecar") / "sidecar.log"
     log = open(log_path, "wb")  # noqa: SIM115 - owned by the child process
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     sidecar = SidecarProcess(f"http://127.0.0.1:{port}", proc, log_path)
     try:
         deadline = time.monotonic() + 60
@@ -107,15 +114,19 @@ def sidecar_process(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def prometheus(vllm_server: Any, sidecar_process: SidecarProcess,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+def prometheus(
+    vllm_server: Any, sidecar_process: SidecarProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrometheusServer]:
     labels = {"namespace": NAMESPACE, "pod": POD}
     server = PrometheusServer(
         workdir=tmp_path_factory.mktemp("prometheus"),
         targets=[
             ScrapeTarget("vllm", f"127.0.0.1:{vllm_server.port}", {**labels, "container": "vllm"}),
-            ScrapeTarget("sidecar", sidecar_process.url.removeprefix("http://"),
-                         {**labels, "container": "sidecar"}),
+            ScrapeTarget(
+                "sidecar",
+                sidecar_process.url.removeprefix("http://"),
+                {**labels, "container": "sidecar"},
+            ),
         ],
         rule_files=[ROOT / RULES_FILE],
     )
@@ -127,9 +138,17 @@ def prometheus(vllm_server: Any, sidecar_process: SidecarProcess,
 
 
 def _completion(client: httpx.Client, model: str, prompt: list[int], max_tokens: int) -> None:
-    r = client.post("/v1/completions", json={"model": model, "prompt": prompt,
-                                              "max_tokens": max_tokens, "temperature": 0,
-                                              "ignore_eos": True}, timeout=300)
+    r = client.post(
+        "/v1/completions",
+        json={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        timeout=300,
+    )
     r.raise_for_status()
 
 
@@ -202,14 +221,18 @@ class BusyEngine:
 
 
 @pytest.fixture(scope="session")
-def live(vllm_server: Any, sidecar_process: SidecarProcess,
-         prometheus: PrometheusServer) -> LiveStack:
+def live(
+    vllm_server: Any, sidecar_process: SidecarProcess, prometheus: PrometheusServer
+) -> LiveStack:
     """Warmup, load at two concurrencies, an idle drain and a timed-out drain, all scraped."""
     started = time.time()
     for job in ("vllm", "sidecar"):
         prometheus.wait_for(f'up{{job="{job}"}} == 1', 60, f"first scrape of {job}")
-    prometheus.wait_for('ministream_warmup_runs_total{outcome="success"} == 0', 30,
-                        "warmup counter at 0 before warmup")
+    prometheus.wait_for(
+        'ministream_warmup_runs_total{outcome="success"} == 0',
+        30,
+        "warmup counter at 0 before warmup",
+    )
     r = sidecar_process.post("/warmup")
     assert r.status_code == 200, r.text
     prometheus.wait_for("ministream_ready == 1", 30, "readiness scraped")

@@ -40,8 +40,9 @@ def binary(name: str) -> str:
 
 
 def promtool(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([binary("promtool"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [binary("promtool"), *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
 def free_port() -> int:
@@ -52,8 +53,9 @@ def free_port() -> int:
 
 def recording_rules_file(queries: Iterable[Query], path: Path) -> Path:
     """Every query as a recording rule, so `promtool check rules` parses it."""
-    rules = [{"record": f"ministream_check:query_{i}", "expr": q.promql}
-             for i, q in enumerate(queries)]
+    rules = [
+        {"record": f"ministream_check:query_{i}", "expr": q.promql} for i, q in enumerate(queries)
+    ]
     path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}))
     return path
 
@@ -96,12 +98,17 @@ class PrometheusServer:
 
     def config(self) -> dict[str, Any]:
         return {
-            "global": {"scrape_interval": self.interval, "scrape_timeout": self.interval,
-                       "evaluation_interval": self.interval},
+            "global": {
+                "scrape_interval": self.interval,
+                "scrape_timeout": self.interval,
+                "evaluation_interval": self.interval,
+            },
             "rule_files": [str(p) for p in self.rule_files],
             "scrape_configs": [
-                {"job_name": t.job, "static_configs": [{"targets": [t.address],
-                                                        "labels": t.labels}]}
+                {
+                    "job_name": t.job,
+                    "static_configs": [{"targets": [t.address], "labels": t.labels}],
+                }
                 for t in self.targets
             ],
         }
@@ -114,11 +121,17 @@ class PrometheusServer:
         assert check.returncode == 0, check.stdout + check.stderr
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
-            [binary("prometheus"), f"--config.file={config}",
-             f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}",
-             "--storage.tsdb.retention.time=1d"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                binary("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

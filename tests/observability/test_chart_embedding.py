@@ -42,7 +42,8 @@ def rendered() -> list[dict[str, Any]]:
 
 
 def test_prometheus_rule_embeds_the_rule_file_for_this_release(
-        rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
     (rule,) = [d for d in rendered if d["kind"] == "PrometheusRule"]
     plain = yaml.safe_load((ROOT / RULES_FILE).read_text())["groups"]
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
@@ -54,8 +55,9 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
             # Prometheus templates in the annotations untouched (no `tpl`).
             assert theirs["expr"] == mine["expr"].replace(ALL_NAMESPACES, SELECTOR)
             assert ALL_NAMESPACES not in theirs["expr"]
-            assert {k: v for k, v in theirs.items() if k != "expr"} == \
-                   {k: v for k, v in mine.items() if k != "expr"}
+            assert {k: v for k, v in theirs.items() if k != "expr"} == {
+                k: v for k, v in mine.items() if k != "expr"
+            }
     # What the operator hands to Prometheus must parse, too.
     path = tmp_path / "from-chart.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
@@ -64,9 +66,13 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
 
 
 def test_dashboard_configmap_carries_the_generated_dashboards(
-        rendered: list[dict[str, Any]]) -> None:
-    (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"
-             and d["metadata"]["name"].endswith("-dashboards")]
+    rendered: list[dict[str, Any]],
+) -> None:
+    (cm,) = [
+        d
+        for d in rendered
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")
+    ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     files = {p.name: p.read_text() for p in (ROOT / DASHBOARD_DIR).glob("*.json")}
     assert set(files) == {"ministream-serving.json", "ministream-fleet.json"}

@@ -32,22 +32,25 @@ DOCS = (ROOT / DOCS_FILE).read_text()
 
 def test_generated_files_are_up_to_date() -> None:
     assert main(["generate", "--check", "--root", str(ROOT)]) == 0, (
-        "run: python -m ministream_observability generate")
+        "run: python -m ministream_observability generate"
+    )
 
 
 def test_check_notices_a_hand_edit(tmp_path: Path) -> None:
     assert main(["generate", "--root", str(tmp_path)]) == 0
     dashboard = tmp_path / DASHBOARD_DIR / "ministream-serving.json"
-    dashboard.write_text(dashboard.read_text().replace("vllm:num_preemptions_total",
-                                                       "vllm:num_preemptions"))
+    dashboard.write_text(
+        dashboard.read_text().replace("vllm:num_preemptions_total", "vllm:num_preemptions")
+    )
     assert main(["generate", "--check", "--root", str(tmp_path)]) == 1
 
 
 def test_slo_is_a_parameter_of_the_generator(tmp_path: Path) -> None:
     assert main(["generate", "--root", str(tmp_path), "--ttft-p95-slo-seconds", "0.5"]) == 0
     rules = yaml.safe_load((tmp_path / RULES_FILE).read_text())
-    (ttft,) = [r for g in rules["groups"] for r in g["rules"]
-               if r["alert"] == "MiniStreamTTFTAboveSLO"]
+    (ttft,) = [
+        r for g in rules["groups"] for r in g["rules"] if r["alert"] == "MiniStreamTTFTAboveSLO"
+    ]
     assert ttft["expr"].endswith("> 0.5") and "(0.5 s)" in ttft["annotations"]["summary"]
     serving = json.loads((tmp_path / DASHBOARD_DIR / "ministream-serving.json").read_text())
     ttft_panel = next(p for p in serving["panels"] if p["title"] == "Time to first token")
@@ -64,18 +67,23 @@ def test_bad_parameters_are_refused() -> None:
 # ------------------------------------------------------------------ the PromQL reader
 
 
-@pytest.mark.parametrize(("expr", "names"), [
-    ("vllm:num_requests_running", {"vllm:num_requests_running"}),
-    ('sum by (pod, le) (rate(vllm:e2e_request_latency_seconds_bucket{pod=~"a|b"}[5m]))',
-     {"vllm:e2e_request_latency_seconds_bucket"}),
-    ("histogram_quantile(0.95, sum(rate(x_bucket[1m])) by (le))", {"x_bucket"}),
-    ("a / on (namespace, pod) group_left (model) b > bool 0.5", {"a", "b"}),
-    ("max(x offset 5m) and ignoring(instance) y unless z", {"x", "y", "z"}),
-    ('label_replace(up{job="a"}, "deployment", "$1", "pod", "(.+)-x")', {"up"}),
-    ("count_values(\"v\", build_info) or vector(1)", {"build_info"}),
-    ("sum without (engine) (rate(c_total[1m:10s]))", {"c_total"}),
-    ("1e3 * inf - nan", set()),
-])
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ("vllm:num_requests_running", {"vllm:num_requests_running"}),
+        (
+            'sum by (pod, le) (rate(vllm:e2e_request_latency_seconds_bucket{pod=~"a|b"}[5m]))',
+            {"vllm:e2e_request_latency_seconds_bucket"},
+        ),
+        ("histogram_quantile(0.95, sum(rate(x_bucket[1m])) by (le))", {"x_bucket"}),
+        ("a / on (namespace, pod) group_left (model) b > bool 0.5", {"a", "b"}),
+        ("max(x offset 5m) and ignoring(instance) y unless z", {"x", "y", "z"}),
+        ('label_replace(up{job="a"}, "deployment", "$1", "pod", "(.+)-x")', {"up"}),
+        ('count_values("v", build_info) or vector(1)', {"build_info"}),
+        ("sum without (engine) (rate(c_total[1m:10s]))", {"c_total"}),
+        ("1e3 * inf - nan", set()),
+    ],
+)
 def test_metric_names(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
 
@@ -124,8 +132,10 @@ def test_counters_are_only_read_through_rate_or_increase() -> None:
 
 
 def test_quantiles_aggregate_rates_of_buckets_by_le() -> None:
-    pattern = re.compile(r"histogram_quantile\([0-9.]+, sum by \(([a-z_, ]+)\) \(rate\("
-                         r"([a-zA-Z0-9_:]+)_bucket\{[^}]*\}\[[^\]]+\]\)\)\)")
+    pattern = re.compile(
+        r"histogram_quantile\([0-9.]+, sum by \(([a-z_, ]+)\) \(rate\("
+        r"([a-zA-Z0-9_:]+)_bucket\{[^}]*\}\[[^\]]+\]\)\)\)"
+    )
     found = 0
     for q in QUERIES:
         for call in q.promql.split("histogram_quantile(")[1:]:
@@ -146,27 +156,40 @@ def test_prefix_cache_hit_rate_is_a_ratio_of_rates() -> None:
 def test_serving_dashboard_covers_the_issue() -> None:
     serving, fleet = all_dashboards(PARAMS)
     exprs = "\n".join(t.expr for p in serving.panels() for t in p.targets)
-    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds",
-                 "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:num_requests_running",
-                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:num_preemptions_total", "vllm:prefix_cache_hits_total",
-                 "by (finished_reason)", "sum by (pod)"):
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_hits_total",
+        "by (finished_reason)",
+        "sum by (pod)",
+    ):
         assert name in exprs, name
     assert {v.name for v in serving.variables} >= {"pod", "model"}
     fleet_exprs = "\n".join(t.expr for p in fleet.panels() for t in p.targets)
-    for name in ("kube_deployment_status_replicas_ready", "ministream_cold_start_phase_seconds",
-                 "ministream_warmup_runs_total", "ministream_drain_duration_seconds_bucket",
-                 "kube_pod_container_status_restarts_total",
-                 "ministream_upstream_health_failures_total"):
+    for name in (
+        "kube_deployment_status_replicas_ready",
+        "ministream_cold_start_phase_seconds",
+        "ministream_warmup_runs_total",
+        "ministream_drain_duration_seconds_bucket",
+        "kube_pod_container_status_restarts_total",
+        "ministream_upstream_health_failures_total",
+    ):
         assert name in fleet_exprs, name
 
 
 # ------------------------------------------------------------------ dashboard JSON
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / DASHBOARD_DIR).glob("*.json")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / DASHBOARD_DIR).glob("*.json")), ids=lambda p: p.name
+)
 def test_dashboard_json(path: Path) -> None:
     d = json.loads(path.read_text())
     assert d["uid"] == path.stem and d["title"] and d["schemaVersion"] >= 36
@@ -181,8 +204,9 @@ def test_dashboard_json(path: Path) -> None:
     for p in d["panels"]:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
-                for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not cells & mine, f"{p['title']} overlaps another panel"
         cells |= mine
         if p["type"] == "row":
@@ -203,9 +227,16 @@ def test_rule_file_is_plain_prometheus_format() -> None:
     assert set(doc) == {"groups"}
     names = [r["alert"] for g in doc["groups"] for r in g["rules"]]
     assert set(names) == {
-        "MiniStreamPodNotReady", "MiniStreamLoadingStuck", "MiniStreamWarmupFailing",
-        "MiniStreamTTFTAboveSLO", "MiniStreamKVCacheNearlyFull", "MiniStreamQueueGrowing",
-        "MiniStreamPreempting", "MiniStreamRequestErrors", "MiniStreamDrainTimingOut"}
+        "MiniStreamPodNotReady",
+        "MiniStreamLoadingStuck",
+        "MiniStreamWarmupFailing",
+        "MiniStreamTTFTAboveSLO",
+        "MiniStreamKVCacheNearlyFull",
+        "MiniStreamQueueGrowing",
+        "MiniStreamPreempting",
+        "MiniStreamRequestErrors",
+        "MiniStreamDrainTimingOut",
+    }
 
 
 @pytest.mark.parametrize("alert", alerts(PARAMS), ids=lambda a: f"{a.name}-{dict(a.labels)}")

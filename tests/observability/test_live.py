@@ -30,6 +30,7 @@ WINDOW = "5m"
 def _live_promql(q: Query) -> str:
     return concrete(q.expr, rate_interval=WINDOW)
 
+
 # After warmup and load these must be real, positive numbers (not just present series).
 POSITIVE = (
     "ministream-serving / Time to first token / p95",
@@ -54,8 +55,9 @@ def test_every_metric_name_exists_in_the_live_scrape(live: LiveStack) -> None:
     present = live.prom.names()
     assert not missing_metrics(QUERIES, present), "metrics missing from the live scrape"
     # ... and the catalog itself is true to what vLLM 0.32 and the sidecar export.
-    exported = {n for m in catalog.ALL if m.source is not catalog.Source.CLUSTER
-                for n in m.series_names}
+    exported = {
+        n for m in catalog.ALL if m.source is not catalog.Source.CLUSTER for n in m.series_names
+    }
     assert exported <= present, sorted(exported - present)
 
 
@@ -66,10 +68,18 @@ def test_a_renamed_metric_fails_the_check(live: LiveStack) -> None:
     (ttft,) = [q for q in QUERIES if q.origin == "ministream-serving / Time to first token / p95"]
     (preempt,) = [q for q in QUERIES if "Preemptions per second" in q.origin]
     mutated = [
-        Query(ttft.origin, ttft.expr.replace("vllm:time_to_first_token_seconds_bucket",
-                                             "vllm:time_to_first_token_bucket"), ttft.kind),
-        Query(preempt.origin, preempt.expr.replace("vllm:num_preemptions_total",
-                                                   "vllm:num_preemptions"), preempt.kind),
+        Query(
+            ttft.origin,
+            ttft.expr.replace(
+                "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_bucket"
+            ),
+            ttft.kind,
+        ),
+        Query(
+            preempt.origin,
+            preempt.expr.replace("vllm:num_preemptions_total", "vllm:num_preemptions"),
+            preempt.kind,
+        ),
     ]
     assert missing_metrics(mutated, present) == {
         "vllm:time_to_first_token_bucket": [ttft.origin],
@@ -108,13 +118,18 @@ def test_panels_show_what_happened(live: LiveStack) -> None:
         return out
 
     drains = series("ministream-fleet / Drains by outcome / {{outcome}}")
-    assert drains == {"outcome=idle": pytest.approx(1, abs=0.5),
-                      "outcome=timeout": pytest.approx(1, abs=0.5)}
+    assert drains == {
+        "outcome=idle": pytest.approx(1, abs=0.5),
+        "outcome=timeout": pytest.approx(1, abs=0.5),
+    }
     runs = series("ministream-fleet / Warmup runs by outcome / {{outcome}}")
     assert runs["outcome=success"] >= 0.5 and runs["outcome=failure"] == 0
     phases = series("ministream-fleet / Cold-start phases / {{phase}} {{pod}}")
-    assert {k.split(",")[0] for k in phases} == {"phase=engine_start", "phase=warmup",
-                                                 "phase=total"}
+    assert {k.split(",")[0] for k in phases} == {
+        "phase=engine_start",
+        "phase=warmup",
+        "phase=total",
+    }
     reasons = series("ministream-serving / Finished requests by reason / {{finished_reason}}")
     assert reasons["finished_reason=length"] > 0
 
@@ -136,16 +151,23 @@ def test_alert_expressions_run(live: LiveStack) -> None:
 def test_timed_out_drain_fires_and_health_alerts_stay_quiet(live: LiveStack) -> None:
     deadline = time.monotonic() + 30
     while True:
-        active = {(a["labels"]["alertname"], a["labels"].get("reason", ""), a["state"])
-                  for a in live.prom.api("alerts")["alerts"]}
+        active = {
+            (a["labels"]["alertname"], a["labels"].get("reason", ""), a["state"])
+            for a in live.prom.api("alerts")["alerts"]
+        }
         if ("MiniStreamDrainTimingOut", "timeout", "firing") in active:
             break
         assert time.monotonic() < deadline, f"drain alert did not fire: {active}"
         time.sleep(1)
     names = {name for name, _, _ in active}
     # Load-dependent alerts (TTFT, queue, preemptions) are not asserted: two shared CPU cores.
-    quiet = {"MiniStreamPodNotReady", "MiniStreamLoadingStuck", "MiniStreamWarmupFailing",
-             "MiniStreamRequestErrors", "MiniStreamKVCacheNearlyFull"}
+    quiet = {
+        "MiniStreamPodNotReady",
+        "MiniStreamLoadingStuck",
+        "MiniStreamWarmupFailing",
+        "MiniStreamRequestErrors",
+        "MiniStreamKVCacheNearlyFull",
+    }
     assert not names & quiet, active
 
 

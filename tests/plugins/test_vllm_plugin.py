@@ -36,43 +36,81 @@ ATOL = {"float32": 2e-3, "bfloat16": 0.15}
 IDENTICAL = {"float32": True, "bfloat16": False}
 
 
-def run_golden(model: Path, out: Path, *, tp: int = 1, dtype: str = "float32",
-               load_format: str = "auto", check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_golden(
+    model: Path,
+    out: Path,
+    *,
+    tp: int = 1,
+    dtype: str = "float32",
+    load_format: str = "auto",
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if tp == 2:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # DESIGN §8: TP=2 on two cores
     proc = subprocess.run(
-        [sys.executable, "-m", "ministream.golden", "--model", str(model), "--out", str(out),
-         "--tp", str(tp), "--dtype", dtype, "--load-format", load_format,
-         "--max-tokens", str(MAX_TOKENS), "--eager"],
-        capture_output=True, text=True, env=env, timeout=900, check=False)
+        [
+            sys.executable,
+            "-m",
+            "ministream.golden",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--tp",
+            str(tp),
+            "--dtype",
+            dtype,
+            "--load-format",
+            load_format,
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--eager",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
     if check and proc.returncode != 0:
-        pytest.fail(f"vLLM run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"vLLM run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
 def test_registered_in_a_fresh_process() -> None:
-    code = ("from vllm.plugins import load_general_plugins\n"
-            "load_general_plugins(); load_general_plugins()\n"
-            "from vllm import ModelRegistry\n"
-            "from transformers import AutoConfig\n"
-            "assert 'MiniStreamForCausalLM' in ModelRegistry.get_supported_archs()\n"
-            "print(type(AutoConfig.for_model('ministream')).__name__)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins(); load_general_plugins()\n"
+        "from vllm import ModelRegistry\n"
+        "from transformers import AutoConfig\n"
+        "assert 'MiniStreamForCausalLM' in ModelRegistry.get_supported_archs()\n"
+        "print(type(AutoConfig.for_model('ministream')).__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip().endswith("MiniStreamConfig")
 
 
-def test_served_through_the_openai_api_server(vllm_server: VLLMServer,
-                                              tiny_model_dir: Path) -> None:
+def test_served_through_the_openai_api_server(
+    vllm_server: VLLMServer, tiny_model_dir: Path
+) -> None:
     models = httpx.get(f"{vllm_server.url}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == [TINY_SERVED_NAME]
     expected = reference_completions(tiny_model_dir, PROMPTS[:1], MAX_TOKENS)[0]
-    reply = httpx.post(f"{vllm_server.url}/v1/completions", timeout=60, json={
-        "model": TINY_SERVED_NAME, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
-        "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True,
-    }).json()
+    reply = httpx.post(
+        f"{vllm_server.url}/v1/completions",
+        timeout=60,
+        json={
+            "model": TINY_SERVED_NAME,
+            "prompt": PROMPTS[0],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+        },
+    ).json()
     tokens = [int(t.split(":")[1]) for t in reply["choices"][0]["logprobs"]["tokens"]]
     assert tokens == expected.tokens
 
@@ -84,21 +122,20 @@ def test_dummy_weights_initialise(models: ModelFactory, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("preset", ["tiny", "tiny-mha-untied", "tiny-headdim"])
-def test_golden_numerics_against_reference(models: ModelFactory, tmp_path: Path,
-                                           preset: str, dtype: str) -> None:
+def test_golden_numerics_against_reference(
+    models: ModelFactory, tmp_path: Path, preset: str, dtype: str
+) -> None:
     """GQA+tied, MHA+untied, head_dim != d_model/n_heads; float32 and bfloat16 weights."""
     model_dir = models.converted(preset, dtype)
     run_golden(model_dir, tmp_path / "vllm.json", dtype=dtype)
     expected = reference_completions(model_dir, PROMPTS, MAX_TOKENS)
     actual = load(tmp_path / "vllm.json")
-    assert compare(expected, actual, atol=ATOL[dtype],
-                   require_identical=IDENTICAL[dtype]) == []
+    assert compare(expected, actual, atol=ATOL[dtype], require_identical=IDENTICAL[dtype]) == []
     assert any(len(set(c.tokens)) > 2 for c in actual), "degenerate outputs prove little"
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-kv1"])
-def test_tensor_parallel_2_matches_tp1(models: ModelFactory, tmp_path: Path,
-                                       preset: str) -> None:
+def test_tensor_parallel_2_matches_tp1(models: ModelFactory, tmp_path: Path, preset: str) -> None:
     """tiny: 2 KV heads split over 2 ranks; tiny-kv1: 1 KV head replicated on both."""
     model_dir = models.converted(preset, "float32")
     run_golden(model_dir, tmp_path / "tp1.json", tp=1)
@@ -108,8 +145,7 @@ def test_tensor_parallel_2_matches_tp1(models: ModelFactory, tmp_path: Path,
     assert compare(tp1, tp2, atol=ATOL["float32"]) == []
 
 
-def test_builtin_llama_oracle_gives_the_same_tokens(models: ModelFactory,
-                                                    tmp_path: Path) -> None:
+def test_builtin_llama_oracle_gives_the_same_tokens(models: ModelFactory, tmp_path: Path) -> None:
     """Independent oracle: the same weights served by vLLM's own LlamaForCausalLM."""
     model_dir = models.converted("tiny-headdim", "float32")
     llama_dir = as_llama(model_dir, tmp_path / "as-llama")
@@ -142,18 +178,29 @@ def _rewrite_weights(model_dir: Path, dst: Path, edit) -> Path:
     return dst
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda t: t.pop("model.layers.1.mlp.down_proj.weight"),
-     "checkpoint is missing 1 weight(s): model.layers.1.mlp.down_proj.weight"),
-    (lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"),
-     "checkpoint is missing 1 weight(s): model.layers.0.self_attn.qkv_proj.weight"),
-    (lambda t: t.__setitem__("model.layers.0.self_attn.extra.weight",
-                             t["model.norm.weight"].clone()),
-     "checkpoint has 1 tensor(s) that MiniStream does not have: "
-     "model.layers.0.self_attn.extra.weight"),
-])
-def test_incomplete_checkpoint_fails_at_load(models: ModelFactory, tmp_path: Path, edit,
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda t: t.pop("model.layers.1.mlp.down_proj.weight"),
+            "checkpoint is missing 1 weight(s): model.layers.1.mlp.down_proj.weight",
+        ),
+        (
+            lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"),
+            "checkpoint is missing 1 weight(s): model.layers.0.self_attn.qkv_proj.weight",
+        ),
+        (
+            lambda t: t.__setitem__(
+                "model.layers.0.self_attn.extra.weight", t["model.norm.weight"].clone()
+            ),
+            "checkpoint has 1 tensor(s) that MiniStream does not have: "
+            "model.layers.0.self_attn.extra.weight",
+        ),
+    ],
+)
+def test_incomplete_checkpoint_fails_at_load(
+    models: ModelFactory, tmp_path: Path, edit, message: str
+) -> None:
     """vLLM 0.32 alone would serve uninitialised memory for a missing linear weight."""
     broken = _rewrite_weights(models.converted("tiny", "float32"), tmp_path / "broken", edit)
     proc = run_golden(broken, tmp_path / "out.json", check=False)

@@ -42,8 +42,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str,
-             interval: float = 0.1) -> float:
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1
+) -> float:
     """Poll until `predicate()`; returns the seconds it took."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -74,8 +75,14 @@ class SidecarThread:
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings, **app_kwargs)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None,
-                                access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -125,34 +132,54 @@ class FakeVLLM:
         if not self.healthy:
             raise httpx.ConnectError("connection refused", request=request)
         if path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [
-                {"id": self.model, "object": "model", "max_model_len": 512}]})
+            return httpx.Response(
+                200,
+                json={
+                    "object": "list",
+                    "data": [{"id": self.model, "object": "model", "max_model_len": 512}],
+                },
+            )
         if path == "/v1/completions":
             self.completions += 1
             body = json.loads(request.content)
             if self.completion_status != 200 or body["model"] != self.model:
                 status = self.completion_status if self.completion_status != 200 else 404
-                return httpx.Response(status, json={"error": {"message": "rejected",
-                                                              "code": status}})
-            return httpx.Response(200, json={
-                "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-                "usage": {"prompt_tokens": len(body["prompt"]),
-                          "completion_tokens": body["max_tokens"]}})
+                return httpx.Response(
+                    status, json={"error": {"message": "rejected", "code": status}}
+                )
+            return httpx.Response(
+                200,
+                json={
+                    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                    "usage": {
+                        "prompt_tokens": len(body["prompt"]),
+                        "completion_tokens": body["max_tokens"],
+                    },
+                },
+            )
         if path == "/metrics":
             labels = f'engine="0",model_name="{self.model}"'
-            return httpx.Response(200, text=(
-                "# HELP vllm:num_requests_running Number of requests in model execution.\n"
-                "# TYPE vllm:num_requests_running gauge\n"
-                f"vllm:num_requests_running{{{labels}}} {float(self.running)}\n"
-                "# HELP vllm:num_requests_waiting Number of requests waiting.\n"
-                "# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}\n"))
+            return httpx.Response(
+                200,
+                text=(
+                    "# HELP vllm:num_requests_running Number of requests in model execution.\n"
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f"vllm:num_requests_running{{{labels}}} {float(self.running)}\n"
+                    "# HELP vllm:num_requests_waiting Number of requests waiting.\n"
+                    "# TYPE vllm:num_requests_waiting gauge\n"
+                    f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}\n"
+                ),
+            )
         return httpx.Response(404)
 
 
 def fake_settings(**overrides: Any) -> SidecarSettings:
-    values: dict[str, Any] = {**FAST_WARMUP, "vllm_url": "http://fake-vllm:8000",
-                              "port": free_port(), "drain_idle_polls": 1}
+    values: dict[str, Any] = {
+        **FAST_WARMUP,
+        "vllm_url": "http://fake-vllm:8000",
+        "port": free_port(),
+        "drain_idle_polls": 1,
+    }
     values.update(overrides)
     return SidecarSettings(**values)
 

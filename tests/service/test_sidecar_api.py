@@ -34,13 +34,15 @@ class RecordingEvents:
         return [reason for reason, _, _ in self.events]
 
 
-def with_fake(start_sidecar: SidecarFactory, fake: FakeVLLM, events: Any = None,
-              **overrides: Any) -> SidecarThread:
+def with_fake(
+    start_sidecar: SidecarFactory, fake: FakeVLLM, events: Any = None, **overrides: Any
+) -> SidecarThread:
     app_kwargs: dict[str, Any] = {"transport": fake.transport()}
     if events is not None:
         app_kwargs["event_recorder"] = events
-    return start_sidecar(app_kwargs=app_kwargs, vllm_url="http://fake-vllm:8000",
-                         drain_idle_polls=1, **overrides)
+    return start_sidecar(
+        app_kwargs=app_kwargs, vllm_url="http://fake-vllm:8000", drain_idle_polls=1, **overrides
+    )
 
 
 @pytest.mark.parametrize("path", ["/warmup", "/drain"])
@@ -105,8 +107,9 @@ def test_warmup_is_shared_and_idempotent(start_sidecar: SidecarFactory) -> None:
     sidecar = with_fake(start_sidecar, fake, events, warmup_on_start=False, warmup_requests=6)
     wait_for(lambda: sidecar.get("/readyz").json()["upstream_up"], 10, "upstream up")
     results: list[httpx.Response] = []
-    callers = [threading.Thread(target=lambda: results.append(sidecar.post("/warmup")))
-               for _ in range(3)]
+    callers = [
+        threading.Thread(target=lambda: results.append(sidecar.post("/warmup"))) for _ in range(3)
+    ]
     for caller in callers:
         caller.start()
     for caller in callers:
@@ -124,8 +127,15 @@ def test_warmup_retries_with_backoff_stays_unready_and_counts(
 ) -> None:
     fake = FakeVLLM(completion_status=400)
     events = RecordingEvents()
-    sidecar = with_fake(start_sidecar, fake, events, warmup_max_attempts=3, warmup_requests=2,
-                        warmup_backoff_initial_seconds=0.2, warmup_backoff_max_seconds=0.3)
+    sidecar = with_fake(
+        start_sidecar,
+        fake,
+        events,
+        warmup_max_attempts=3,
+        warmup_requests=2,
+        warmup_backoff_initial_seconds=0.2,
+        warmup_backoff_max_seconds=0.3,
+    )
     wait_for(lambda: sidecar.get("/readyz").json()["warmup"] == "failed", 20, "warmup failed")
     assert sidecar.get("/readyz").json()["reasons"] == ["warmup_failed"]
     assert fake.completions == 6  # 3 attempts x 2 requests
@@ -181,8 +191,9 @@ def test_liveness_fails_after_threshold_and_a_restarted_vllm_is_warmed_again(
     start_sidecar: SidecarFactory,
 ) -> None:
     fake = FakeVLLM()
-    sidecar = with_fake(start_sidecar, fake, health_interval_seconds=0.1,
-                        liveness_failure_threshold=3)
+    sidecar = with_fake(
+        start_sidecar, fake, health_interval_seconds=0.1, liveness_failure_threshold=3
+    )
     wait_for(sidecar.ready, 10, "ready")
     assert fake.completions == 4
     fake.healthy = False

@@ -34,8 +34,9 @@ class StubCoreApi:
 
 def emit_once(api: StubCoreApi, metrics: SidecarMetrics) -> None:
     async def go() -> None:
-        recorder = KubernetesEventRecorder(api, pod_name="ms-0", namespace="serving",
-                                           pod_uid="uid-1", metrics=metrics)
+        recorder = KubernetesEventRecorder(
+            api, pod_name="ms-0", namespace="serving", pod_uid="uid-1", metrics=metrics
+        )
         recorder.emit(EventReason.WARMUP_FAILED, "boom", EventType.WARNING)
         await recorder.aclose()
 
@@ -73,7 +74,8 @@ def test_events_only_in_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     outside = SidecarSettings(pod_name="ms-0", pod_namespace="serving")
     assert isinstance(build_event_recorder(outside, metrics), NullEventRecorder)
     # In a cluster but without a service-account token: disabled with a warning, no crash.
-    inside = SidecarSettings(pod_name="ms-0", pod_namespace="serving",
-                             kubernetes_service_host="10.0.0.1")
+    inside = SidecarSettings(
+        pod_name="ms-0", pod_namespace="serving", kubernetes_service_host="10.0.0.1"
+    )
     assert inside.in_kubernetes
     assert isinstance(build_event_recorder(inside, metrics), NullEventRecorder)

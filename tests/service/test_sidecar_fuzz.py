@@ -20,13 +20,20 @@ from sidecarkit import FakeVLLM, fake_settings
 
 from ministream_sidecar.app import create_app
 
-OPERATIONS = {("GET", "/livez"), ("GET", "/readyz"), ("POST", "/warmup"), ("POST", "/drain"),
-              ("GET", "/metrics")}
+OPERATIONS = {
+    ("GET", "/livez"),
+    ("GET", "/readyz"),
+    ("POST", "/warmup"),
+    ("POST", "/drain"),
+    ("GET", "/metrics"),
+}
 
 
 def load_schema(token: str | None) -> Any:
-    app = create_app(fake_settings(token=token, drain_poll_interval_seconds=0.01),
-                     transport=FakeVLLM().transport())
+    app = create_app(
+        fake_settings(token=token, drain_poll_interval_seconds=0.01),
+        transport=FakeVLLM().transport(),
+    )
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
@@ -36,22 +43,26 @@ def test_openapi_lists_the_contract() -> None:
     assert found == OPERATIONS
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-                         ids=lambda m: m.value)
+@pytest.mark.parametrize(
+    "mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value
+)
 @pytest.mark.parametrize("token", [None, "s3cret"], ids=["open", "token"])
 def test_openapi_fuzz(token: str | None, mode: GenerationMode) -> None:
     schema = load_schema(token)
     for result in schema.get_all_operations():
         operation = result.ok()
         raw = operation.definition.raw
-        if mode is GenerationMode.NEGATIVE and not raw.get("parameters") and not raw.get(
-            "security"
+        if (
+            mode is GenerationMode.NEGATIVE
+            and not raw.get("parameters")
+            and not raw.get("security")
         ):
             continue  # nothing to make invalid (GET /livez takes no input at all)
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=40, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         def check(case: Any) -> None:
             response = case.call_and_validate()
             assert response.status_code < 500, (case.method, case.path, response.text)

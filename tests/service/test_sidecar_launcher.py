@@ -23,16 +23,22 @@ from sidecarkit import free_port, sample, wait_for
 from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
 from tests.conftest import TINY_SERVED_NAME
 
-VLLM_ARGS = ["--served-model-name", TINY_SERVED_NAME, "--dtype", "float32",
-             "--max-model-len", "512", "--enforce-eager"]
+VLLM_ARGS = [
+    "--served-model-name",
+    TINY_SERVED_NAME,
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "512",
+    "--enforce-eager",
+]
 
 
 def test_arguments_after_double_dash_go_to_vllm(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     m = str(tmp_path)
     args = parse_args(["--model", m, "--port", "9000", "--", "--dtype", "float32"])
-    assert (args.model, args.port, args.sidecar_port, args.host) == (m, 9000, 8081,
-                                                                     "127.0.0.1")
+    assert (args.model, args.port, args.sidecar_port, args.host) == (m, 9000, 8081, "127.0.0.1")
     cmd = vllm_command(args)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[-2:] == ["--dtype", "float32"]
@@ -44,13 +50,20 @@ def test_arguments_after_double_dash_go_to_vllm(tmp_path: Path) -> None:
 
 
 def test_ministream_up_refuses_a_missing_or_raw_model_before_starting_anything(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "model.pt").write_bytes(b"")
-    for model, words in ((str(tmp_path / "absent"), "no such directory"),
-                         (str(tmp_path / "raw"), "no config.json")):
-        proc = subprocess.run([sys.executable, "-m", "ministream.cli", "up", "--model", model],
-                              capture_output=True, text=True, timeout=60)
+    for model, words in (
+        (str(tmp_path / "absent"), "no such directory"),
+        (str(tmp_path / "raw"), "no config.json"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ministream.cli", "up", "--model", model],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "ministream convert" in proc.stderr
 
@@ -59,13 +72,21 @@ def launch(argv: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.Pope
     log = tmp_path / "launcher.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ministream.cli", "up", *argv],  # the README's `ministream up`
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True,  # noqa: SIM115
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-             "HF_HUB_OFFLINE": "1", "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
-             "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "128",
-             "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "32",
-             "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
-             "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2", **env},
+        stdout=open(log, "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
+            "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "128",
+            "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "32",
+            "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
+            "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
+            **env,
+        },
         start_new_session=True,
     )
     return proc, log
@@ -109,10 +130,22 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     port, sidecar_port = free_port(), free_port()
-    proc, log = launch(["--model", str(tiny_model_dir), "--port", str(port),
-                        "--sidecar-port", str(sidecar_port), "--", *VLLM_ARGS], tmp_path)
+    proc, log = launch(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            str(port),
+            "--sidecar-port",
+            str(sidecar_port),
+            "--",
+            *VLLM_ARGS,
+        ],
+        tmp_path,
+    )
     sidecar = f"http://127.0.0.1:{sidecar_port}"
     try:
+
         def ready() -> bool:
             assert proc.poll() is None, log.read_text()
             try:
@@ -123,8 +156,10 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
         wait_for(ready, 600, "ready through the launcher", interval=0.5)
         vllm_pid, sidecar_pid = pid_of(log, "vLLM"), pid_of(log, "sidecar")
         text = httpx.get(f"{sidecar}/metrics", timeout=5).text
-        phases = {p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
-                  for p in ("engine_start", "warmup", "total")}
+        phases = {
+            p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
+            for p in ("engine_start", "warmup", "total")
+        }
         (tmp_path / "cold_start.json").write_text(json.dumps(phases))
         print("cold start phases (s):", phases)
         assert phases["engine_start"] > 1  # counted from the launcher's start, not the sidecar's
@@ -135,9 +170,15 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
 
         def long_request() -> None:
             outcome["response"] = httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions", timeout=120,
-                json={"model": TINY_SERVED_NAME, "prompt": "hello", "max_tokens": 256,
-                      "ignore_eos": True})
+                f"http://127.0.0.1:{port}/v1/completions",
+                timeout=120,
+                json={
+                    "model": TINY_SERVED_NAME,
+                    "prompt": "hello",
+                    "max_tokens": 256,
+                    "ignore_eos": True,
+                },
+            )
 
         client = threading.Thread(target=long_request)
         client.start()
@@ -164,8 +205,19 @@ def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
     model = tmp_path / "broken-model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "ministream"}')
-    proc, log = launch(["--model", str(model), "--port", str(free_port()),
-                        "--sidecar-port", str(free_port()), "--", *VLLM_ARGS], tmp_path)
+    proc, log = launch(
+        [
+            "--model",
+            str(model),
+            "--port",
+            str(free_port()),
+            "--sidecar-port",
+            str(free_port()),
+            "--",
+            *VLLM_ARGS,
+        ],
+        tmp_path,
+    )
     try:
         status = proc.wait(300)
     finally:

@@ -28,9 +28,13 @@ def test_exposition_parses_and_carries_the_documented_names(
     start_sidecar: SidecarFactory,
 ) -> None:
     fake = FakeVLLM(model="tiny")
-    sidecar = start_sidecar(app_kwargs={"transport": fake.transport()},
-                            vllm_url="http://fake-vllm:8000", info_revision="abc123",
-                            info_load_format="runai_streamer", info_tensor_parallel_size=2)
+    sidecar = start_sidecar(
+        app_kwargs={"transport": fake.transport()},
+        vllm_url="http://fake-vllm:8000",
+        info_revision="abc123",
+        info_load_format="runai_streamer",
+        info_tensor_parallel_size=2,
+    )
     wait_for(sidecar.ready, 10, "ready")
     response = sidecar.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")
@@ -40,17 +44,26 @@ def test_exposition_parses_and_carries_the_documented_names(
         assert families[name].type == kind, name
     assert all(name.startswith("ministream_") for name in families)  # no vllm:* copied
     sample_names = {s.name for f in families.values() for s in f.samples}
-    for name in ("ministream_warmup_requests_total", "ministream_warmup_runs_total",
-                 "ministream_drains_total", "ministream_upstream_health_failures_total"):
+    for name in (
+        "ministream_warmup_requests_total",
+        "ministream_warmup_runs_total",
+        "ministream_drains_total",
+        "ministream_upstream_health_failures_total",
+    ):
         assert name in sample_names
-    phases = {s.labels["phase"]: s.value
-              for s in families["ministream_cold_start_phase_seconds"].samples}
+    phases = {
+        s.labels["phase"]: s.value for s in families["ministream_cold_start_phase_seconds"].samples
+    }
     assert set(phases) == {"engine_start", "warmup", "total"}
     assert phases["total"] >= phases["warmup"] > 0
     [info] = families["ministream_info"].samples
     assert info.value == 1
-    assert info.labels == {"model": "tiny", "revision": "abc123",
-                           "load_format": "runai_streamer", "tensor_parallel_size": "2"}
+    assert info.labels == {
+        "model": "tiny",
+        "revision": "abc123",
+        "load_format": "runai_streamer",
+        "tensor_parallel_size": "2",
+    }
     outcomes = {(s.name, s.labels.get("outcome")) for s in families["ministream_drains"].samples}
     assert ("ministream_drains_total", "idle") in outcomes
     assert ("ministream_drains_total", "timeout") in outcomes

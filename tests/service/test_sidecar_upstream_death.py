@@ -26,7 +26,8 @@ THRESHOLD = 4
 @pytest.fixture
 def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
     server = VLLMServer(
-        model=str(tiny_model_dir), served_name=TINY_SERVED_NAME,
+        model=str(tiny_model_dir),
+        served_name=TINY_SERVED_NAME,
         log_path=tmp_path / "vllm-victim.log",
         args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"],
     )
@@ -39,8 +40,11 @@ def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
 
 
 def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> None:
-    sidecar = start_sidecar(vllm_url=victim_vllm.url, health_interval_seconds=INTERVAL,
-                            liveness_failure_threshold=THRESHOLD)
+    sidecar = start_sidecar(
+        vllm_url=victim_vllm.url,
+        health_interval_seconds=INTERVAL,
+        liveness_failure_threshold=THRESHOLD,
+    )
     wait_for(sidecar.ready, 120, "ready")
     livez = sidecar.get("/livez")
     assert livez.status_code == 200
@@ -62,8 +66,9 @@ def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> 
     def livez_failed() -> bool:
         response = sidecar.get("/livez")
         body = response.json()
-        livez_seen.append((time.monotonic() - killed, response.status_code,
-                           body["consecutive_upstream_failures"]))
+        livez_seen.append(
+            (time.monotonic() - killed, response.status_code, body["consecutive_upstream_failures"])
+        )
         return response.status_code == 503
 
     wait_for(livez_failed, THRESHOLD * INTERVAL + 10, "livez 503", interval=0.05)

@@ -51,25 +51,34 @@ def test_not_ready_before_warmup_ready_after(
 
     text = sidecar.metrics()
     assert sample(text, "ministream_ready") == 1
-    assert sample(text, "ministream_warmup_requests_total", outcome="success") == (
-        FAST_WARMUP["warmup_requests"])
+    assert (
+        sample(text, "ministream_warmup_requests_total", outcome="success")
+        == (FAST_WARMUP["warmup_requests"])
+    )
     assert sample(text, "ministream_warmup_runs_total", outcome="success") == 1
-    assert sample(text, "ministream_warmup_request_duration_seconds_count") == (
-        FAST_WARMUP["warmup_requests"])
+    assert (
+        sample(text, "ministream_warmup_request_duration_seconds_count")
+        == (FAST_WARMUP["warmup_requests"])
+    )
     # Idempotent: a second call sends nothing and changes nothing.
     again = sidecar.post("/warmup").json()
     assert again["succeeded"] and not again["ran"]
-    assert sample(sidecar.metrics(), "ministream_warmup_requests_total", outcome="success") == (
-        FAST_WARMUP["warmup_requests"])
+    assert (
+        sample(sidecar.metrics(), "ministream_warmup_requests_total", outcome="success")
+        == (FAST_WARMUP["warmup_requests"])
+    )
 
 
 def test_automatic_warmup_records_cold_start_phases(sidecar_for_vllm: SidecarFactory) -> None:
-    sidecar = sidecar_for_vllm(warmup_requests=8, warmup_concurrency=4,
-                               warmup_prompt_tokens=256, warmup_max_tokens=64)
+    sidecar = sidecar_for_vllm(
+        warmup_requests=8, warmup_concurrency=4, warmup_prompt_tokens=256, warmup_max_tokens=64
+    )
     wait_for(sidecar.ready, 120, "ready after automatic warmup")
     text = sidecar.metrics()
-    phase = {p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
-             for p in ("engine_start", "warmup", "total")}
+    phase = {
+        p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
+        for p in ("engine_start", "warmup", "total")
+    }
     assert phase["warmup"] > 0
     assert phase["total"] == pytest.approx(phase["engine_start"] + phase["warmup"], abs=0.05)
     assert sample(text, "ministream_warmup_requests_total", outcome="success") == 8
@@ -78,8 +87,10 @@ def test_automatic_warmup_records_cold_start_phases(sidecar_for_vllm: SidecarFac
 
 @pytest.mark.parametrize(
     "broken",
-    [{"model_name": "no-such-model"},  # vLLM answers 404
-     {"warmup_max_tokens": 4096}],  # > max_model_len 512: vLLM answers 400
+    [
+        {"model_name": "no-such-model"},  # vLLM answers 404
+        {"warmup_max_tokens": 4096},
+    ],  # > max_model_len 512: vLLM answers 400
     ids=["wrong-model", "max-tokens-rejected"],
 )
 def test_warmup_failure_keeps_unready_and_is_counted(
@@ -114,8 +125,14 @@ class Stream:
 
 async def stream_completion(client: httpx.AsyncClient, model: str, max_tokens: int) -> Stream:
     result = Stream(started=time.monotonic())
-    payload = {"model": model, "prompt": "the quick brown fox", "max_tokens": max_tokens,
-               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    payload = {
+        "model": model,
+        "prompt": "the quick brown fox",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     try:
         async with client.stream("POST", "/v1/completions", json=payload) as response:
             if response.status_code != 200:
@@ -164,8 +181,10 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
                 await asyncio.sleep(0.01)
                 lag[0] = max(lag[0], time.monotonic() - t - 0.01)
 
-        async with httpx.AsyncClient(base_url=vllm_server.url, timeout=300) as vllm, \
-                httpx.AsyncClient(base_url=sidecar.url, timeout=300) as side:
+        async with (
+            httpx.AsyncClient(base_url=vllm_server.url, timeout=300) as vllm,
+            httpx.AsyncClient(base_url=sidecar.url, timeout=300) as side,
+        ):
 
             async def worker() -> None:
                 while routed.is_set():
@@ -188,10 +207,16 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
             drain_returned = time.monotonic()
             await asyncio.gather(*workers)
             watcher.cancel()
-            return {"streams": streams, "drain_sent": drain_sent, "drain": response,
-                    "drain_returned": drain_returned, "running_before": running_before,
-                    "unready": unready.json(), "lag": lag[0],
-                    "counts_after": counts_of((await vllm.get("/metrics")).text)}
+            return {
+                "streams": streams,
+                "drain_sent": drain_sent,
+                "drain": response,
+                "drain_returned": drain_returned,
+                "running_before": running_before,
+                "unready": unready.json(),
+                "lag": lag[0],
+                "counts_after": counts_of((await vllm.get("/metrics")).text),
+            }
 
     out = asyncio.run(asyncio.wait_for(scenario(), 300))
     streams: list[Stream] = out["streams"]

@@ -24,6 +24,12 @@ class ModelFactory:
         path = self.root / "converted" / f"{preset}-{dtype}"
         if not path.exists():
             raw = self.raw(preset)
-            convert(raw / "model.pt", raw / "train_config.json", raw / "tokenizer", path,
-                    dtype=dtype, progress=False)
+            convert(
+                raw / "model.pt",
+                raw / "train_config.json",
+                raw / "tokenizer",
+                path,
+                dtype=dtype,
+                progress=False,
+            )
         return path

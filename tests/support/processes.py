@@ -9,8 +9,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-def stop_group(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None,
-               grace_s: float = 30.0) -> None:
+def stop_group(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace_s: float = 30.0
+) -> None:
     """SIGTERM the process group `proc` leads (started with start_new_session), then SIGKILL."""
     if proc is None or proc.poll() is not None:
         return

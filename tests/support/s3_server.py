@@ -39,8 +39,9 @@ from urllib.parse import unquote
 from tests.support.vllm_server import free_port
 
 REGION = "us-east-1"
-_ALLOW_ALL_S3 = json.dumps({"Version": "2012-10-17", "Statement": [
-    {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
+_ALLOW_ALL_S3 = json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+)
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -49,15 +50,20 @@ WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 class RequestLog:
     """WSGI middleware: log each request; optionally delay weight GETs and all PUTs."""
 
-    def __init__(self, app: WSGIApp, log_path: Path | None, delay_get: float,
-                 delay_put: float, fast_ranges: bool = False) -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        log_path: Path | None,
+        delay_get: float,
+        delay_put: float,
+        fast_ranges: bool = False,
+    ) -> None:
         self.app, self.delay_get, self.delay_put = app, delay_get, delay_put
         self.fast_ranges = fast_ranges
         self.lock = threading.Lock()
         self.log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse
-                 ) -> Iterator[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         if method == "GET" and path.endswith(".safetensors") and self.delay_get:
             time.sleep(self.delay_get)
@@ -75,18 +81,21 @@ class RequestLog:
             sent += len(chunk)
             yield chunk
         if self.log is not None:
-            record = {"t": time.time(), "method": method, "path": path,
-                      "query": environ.get("QUERY_STRING", ""),
-                      "range": environ.get("HTTP_RANGE"),
-                      "status": int(status[0].split()[0]) if status else 0, "bytes": sent,
-                      "client_port": environ.get("REMOTE_PORT")}
+            record = {
+                "t": time.time(),
+                "method": method,
+                "path": path,
+                "query": environ.get("QUERY_STRING", ""),
+                "range": environ.get("HTTP_RANGE"),
+                "status": int(status[0].split()[0]) if status else 0,
+                "bytes": sent,
+                "client_port": environ.get("REMOTE_PORT"),
+            }
             with self.lock:
                 self.log.write(json.dumps(record) + "\n")
 
-
     @staticmethod
-    def _ranged_get(environ: dict[str, Any], start_response: StartResponse
-                    ) -> list[bytes] | None:
+    def _ranged_get(environ: dict[str, Any], start_response: StartResponse) -> list[bytes] | None:
         match = re.fullmatch(r"bytes=(\d+)-(\d*)", environ.get("HTTP_RANGE") or "")
         if environ["REQUEST_METHOD"] != "GET" or not match or environ.get("QUERY_STRING"):
             return None
@@ -105,15 +114,23 @@ class RequestLog:
         with obj.lock:
             obj._value_buffer.seek(start)
             data = obj._value_buffer.read(end - start + 1)
-        start_response("206 Partial Content", [
-            ("Content-Type", "binary/octet-stream"), ("Content-Length", str(len(data))),
-            ("Content-Range", f"bytes {start}-{end}/{obj.size}"), ("ETag", obj.etag),
-            ("Accept-Ranges", "bytes"), ("Last-Modified", obj.last_modified_RFC1123)])
+        start_response(
+            "206 Partial Content",
+            [
+                ("Content-Type", "binary/octet-stream"),
+                ("Content-Length", str(len(data))),
+                ("Content-Range", f"bytes {start}-{end}/{obj.size}"),
+                ("ETag", obj.etag),
+                ("Accept-Ranges", "bytes"),
+                ("Last-Modified", obj.last_modified_RFC1123),
+            ],
+        )
         return [data]
 
 
-def serve(port: int, log_path: Path | None, delay_get: float, delay_put: float,
-          fast_ranges: bool = False) -> None:
+def serve(
+    port: int, log_path: Path | None, delay_get: float, delay_put: float, fast_ranges: bool = False
+) -> None:
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,
@@ -121,10 +138,10 @@ def serve(port: int, log_path: Path | None, delay_get: float, delay_put: float,
     )
     from werkzeug.serving import make_server
 
-    app = RequestLog(DomainDispatcherApplication(create_backend_app), log_path, delay_get,
-                     delay_put, fast_ranges)
-    server = make_server("127.0.0.1", port, app, threaded=True,
-                         request_handler=MotoRequestHandler)
+    app = RequestLog(
+        DomainDispatcherApplication(create_backend_app), log_path, delay_get, delay_put, fast_ranges
+    )
+    server = make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"s3 server on 127.0.0.1:{port}", flush=True)
     server.serve_forever()
@@ -152,8 +169,9 @@ class S3Server:
     def request_log(self) -> Path:
         return self.workdir / f"s3-requests-{self.port}.jsonl"
 
-    def env(self, *, access_key: str | None = None,
-            secret_key: str | None = None) -> dict[str, str]:
+    def env(
+        self, *, access_key: str | None = None, secret_key: str | None = None
+    ) -> dict[str, str]:
         """Standard AWS variables (boto3, the AWS C++ SDK inside runai-model-streamer)."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
@@ -170,12 +188,28 @@ class S3Server:
         env = {**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
-        cmd = [sys.executable, "-m", "tests.support.s3_server", "--port", str(self.port),
-               "--request-log", str(self.request_log), "--delay-get", str(self.delay_get),
-               "--delay-put", str(self.delay_put), *(["--fast-ranges"] * self.fast_ranges)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.s3_server",
+            "--port",
+            str(self.port),
+            "--request-log",
+            str(self.request_log),
+            "--delay-get",
+            str(self.delay_get),
+            "--delay-put",
+            str(self.delay_put),
+            *(["--fast-ranges"] * self.fast_ranges),
+        ]
         log = open(self.workdir / f"s3-server-{self.port}.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        cwd=Path(__file__).resolve().parents[2])
+        self.process = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         self._wait_ready()
         if self.auth:
             self._create_user()
@@ -198,26 +232,35 @@ class S3Server:
     def _create_user(self) -> None:
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name=REGION,
-                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
         iam.create_user(UserName="ministream")
-        iam.put_user_policy(UserName="ministream", PolicyName="s3",
-                            PolicyDocument=_ALLOW_ALL_S3)
+        iam.put_user_policy(UserName="ministream", PolicyName="s3", PolicyDocument=_ALLOW_ALL_S3)
         key = iam.create_access_key(UserName="ministream")["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
 
     def client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
-                            aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
 
     def requests(self) -> list[dict[str, Any]]:
         if not self.request_log.exists():
             return []
-        return [json.loads(line) for line in self.request_log.read_text().splitlines()
-                if line.strip()]
+        return [
+            json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()
+        ]
 
     def stop(self) -> None:
         proc = self.process
@@ -241,12 +284,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--request-log", type=Path)
-    parser.add_argument("--delay-get", type=float, default=0.0,
-                        help="seconds to wait before each GET of a *.safetensors object")
-    parser.add_argument("--delay-put", type=float, default=0.0,
-                        help="seconds to wait before each PUT (object or part)")
-    parser.add_argument("--fast-ranges", action="store_true",
-                        help="answer ranged GETs with a seek instead of moto's full copy")
+    parser.add_argument(
+        "--delay-get",
+        type=float,
+        default=0.0,
+        help="seconds to wait before each GET of a *.safetensors object",
+    )
+    parser.add_argument(
+        "--delay-put",
+        type=float,
+        default=0.0,
+        help="seconds to wait before each PUT (object or part)",
+    )
+    parser.add_argument(
+        "--fast-ranges",
+        action="store_true",
+        help="answer ranged GETs with a seek instead of moto's full copy",
+    )
     args = parser.parse_args(argv)
     serve(args.port, args.request_log, args.delay_get, args.delay_put, args.fast_ranges)
     return 0

@@ -41,17 +41,34 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", self.model, "--served-model-name", self.served_name,
-                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def start(self) -> VLLMServer:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "HF_HUB_OFFLINE": "1", **self.env}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            **self.env,
+        }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         return self
 
     def wait_healthy(self, timeout: float = 600.0) -> VLLMServer:
@@ -59,8 +76,9 @@ class VLLMServer:
         assert self.process is not None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.process.returncode}:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
