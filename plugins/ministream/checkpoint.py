@@ -1,30 +1,123 @@
-"""Reading MiniStream's raw training checkpoint (`model.pt`) safely.
+"""Reading a raw training checkpoint safely, one tensor at a time.
+
+`open_raw_checkpoint` accepts a `torch.save` file (`model.pt`), a safetensors file or a
+sharded set with its index, or a torch.distributed.checkpoint directory (raw_formats.py),
+finds the model's state dict inside it (raw_layouts.py) and returns `RawTensors`: the
+names and shapes, each tensor read from disk only when it is popped.
 
 `torch.load(..., weights_only=True)` refuses pickles that need arbitrary code; `mmap=True`
-keeps tensors on disk until touched, so the converter reads one tensor at a time instead
-of holding the model twice (torch's zipfile format is required for that).
+keeps tensors on disk until touched (torch's zipfile format is required for that).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
 import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ministream.errors import CheckpointError
+from ministream.raw_formats import (
+    DCP_METADATA,
+    Source,
+    TensorRef,
+    read_dcp,
+    read_safetensors,
+    read_safetensors_index,
+    tree_of,
+)
+from ministream.raw_layouts import Layout, select_state_dict
 
-# Keys of a training checkpoint dict that are training state, never weights (DESIGN §3).
-_STATE_DICT_KEY = "model"
+ACCEPTED = (
+    "a torch.save file (model.pt), a .safetensors file, a *.safetensors.index.json (or a "
+    "directory holding one, or a single .safetensors file), or a "
+    "torch.distributed.checkpoint directory (with .metadata)"
+)
 
 
-def load_raw_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Return the raw checkpoint's state dict (memory-mapped where the format allows)."""
+class RawTensors:
+    """The selected state dict: every name's shape now, its tensor when it is popped."""
+
+    def __init__(self, tensors: dict[str, TensorRef]) -> None:
+        self._tensors = dict(tensors)
+        self.shapes = {name: ref.shape for name, ref in tensors.items()}
+
+    def pop(self, name: str) -> torch.Tensor:
+        """Read `name` and forget it: the converter holds one raw tensor at a time."""
+        return self._tensors.pop(name).load()
+
+    def numel(self, name: str) -> int:
+        return math.prod(self.shapes[name])
+
+    def load_all(self) -> dict[str, torch.Tensor]:
+        return {name: self.pop(name) for name in list(self._tensors)}
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+
+@dataclass
+class RawCheckpoint:
+    tensors: RawTensors
+    format: str  # "torch", "safetensors" or "dcp"
+    prefix: str  # removed in front of the stored names to reach the model's own names
+    root: Path
+    files: tuple[str, ...]
+
+    def sha256(self) -> str:
+        """The file's sha256; for a checkpoint of several files, see `sha256_files`."""
+        if len(self.files) == 1:
+            return sha256_file(self.root / self.files[0])
+        return sha256_files(self.root, self.files)
+
+
+def open_raw_checkpoint(path: str | Path, layout: Layout | None = None) -> RawCheckpoint:
     path = Path(path)
+    source = _read(path)
+    selection = select_state_dict(source.tree, layout or Layout(), str(path))
+    return RawCheckpoint(
+        RawTensors(selection.tensors), source.format, selection.prefix, source.root, source.files
+    )
+
+
+def load_raw_state_dict(path: str | Path, layout: Layout | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the raw checkpoint's state dict (memory-mapped where the format allows)."""
+    return open_raw_checkpoint(path, layout).tensors.load_all()
+
+
+def _read(path: Path) -> Source:
+    if path.is_dir():
+        if (path / DCP_METADATA).is_file():
+            return read_dcp(path)
+        indexes = sorted(path.glob("*.safetensors.index.json"))
+        if len(indexes) == 1:
+            return read_safetensors_index(indexes[0])
+        files = sorted(path.glob("*.safetensors"))
+        if not indexes and len(files) == 1:
+            return read_safetensors(files[0])
+        raise CheckpointError(
+            f"{path} is a directory without {DCP_METADATA}, with {len(indexes)} "
+            f"*.safetensors.index.json and {len(files)} *.safetensors files; --checkpoint "
+            f"takes {ACCEPTED}"
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.name.endswith(".safetensors.index.json"):
+        return read_safetensors_index(path)
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    return _read_torch(path)
+
+
+def _read_torch(path: Path) -> Source:
     mmap = zipfile.is_zipfile(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -39,17 +132,12 @@ def load_raw_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{path} is not a readable torch checkpoint (truncated or corrupt?): {_first_line(exc)}"
         ) from None
-    if isinstance(obj, dict) and isinstance(obj.get(_STATE_DICT_KEY), dict):
-        obj = obj[_STATE_DICT_KEY]
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(
             f"{path} holds {type(obj).__name__}, not a state dict (a dict of tensors, or a "
-            f"dict with the state dict under {_STATE_DICT_KEY!r})"
+            "dict with the state dict under a key such as 'model')"
         )
-    bad = sorted(k for k, v in obj.items() if not isinstance(v, torch.Tensor))
-    if bad:
-        raise CheckpointError(f"{path}: state dict entries are not tensors: {', '.join(bad)}")
-    return obj
+    return Source("torch", tree_of(obj), path.parent, (path.name,))
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -58,6 +146,18 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_files(root: Path, names: Sequence[str]) -> str:
+    """The sha256 of `sha256sum`'s listing of `names` (paths relative to `root`, sorted):
+
+        cd ROOT && find . -type f -printf '%P\\n' | LC_ALL=C sort | xargs -d '\\n' sha256sum \\
+            | sha256sum
+
+    (for a DCP directory every file in it; for sharded safetensors the index and its shards).
+    """
+    listing = "".join(f"{sha256_file(root / name)}  {name}\n" for name in sorted(names))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def _first_line(exc: BaseException) -> str:

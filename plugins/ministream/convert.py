@@ -1,7 +1,8 @@
 """`ministream convert`: raw MiniStream checkpoint → HF-style directory vLLM can serve.
 
-Streaming: the raw checkpoint is memory-mapped and converted one tensor at a time; at most
-one output shard (`--max-shard-size`) is held in memory before it is written.
+Streaming: the raw checkpoint (a torch.save file, safetensors or a torch.distributed.checkpoint
+directory: checkpoint.py) is read one tensor at a time; at most one output shard
+(`--max-shard-size`) is held in memory before it is written.
 Accounting: every raw tensor is consumed exactly once, every target tensor produced once,
 every shape checked against the config; a gap is an error that names the keys.
 Atomic: everything is written into a temp directory beside the output and renamed into
@@ -10,12 +11,14 @@ place only when complete, so an interrupted run leaves no half-written model beh
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +26,11 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ministream.checkpoint import load_raw_state_dict, sha256_file
+from ministream.checkpoint import open_raw_checkpoint, sha256_file
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, Manifest
 from ministream.names import Slice, conversion_plan
+from ministream.raw_layouts import Layout, explain_prefixes
 from ministream.train_config import TrainConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -41,6 +45,12 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
+log = logging.getLogger(__name__)
+_FORMAT_NAMES = {
+    "torch": "torch.save file",
+    "safetensors": "safetensors",
+    "dcp": "torch.distributed.checkpoint directory",
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
@@ -62,32 +72,43 @@ class ConvertResult:
     num_shards: int
 
 
-def check_raw_tensors(raw: dict[str, torch.Tensor], cfg: TrainConfig) -> None:
-    """Compare the raw state dict with what `cfg` implies; name every gap in one error."""
+def check_raw_tensors(shapes: Mapping[str, tuple[int, ...]], cfg: TrainConfig) -> None:
+    """Compare the raw state dict's shapes with what `cfg` implies; name every gap in one error.
+
+    Names that differ from the expected ones only by a prefix are reported in one line that
+    names the prefix and the flag, not as two lists of every name.
+    """
     expected = {name: shape for name, shape, _ in conversion_plan(cfg)}
-    missing = sorted(expected.keys() - raw.keys())
-    unexpected = sorted(raw.keys() - expected.keys())
-    wrong = sorted(
-        f"{name} has shape {tuple(raw[name].shape)}, config implies {shape}"
-        for name, shape in expected.items()
-        if name in raw and tuple(raw[name].shape) != shape
+    hint, missing, unexpected = explain_prefixes(
+        expected.keys() - shapes.keys(), shapes.keys() - expected.keys()
     )
-    problems = []
+    wrong = sorted(
+        f"{name} has shape {shapes[name]}, config implies {shape}"
+        for name, shape in expected.items()
+        if name in shapes and shapes[name] != shape
+    )
+    problems = [hint] if hint else []
     if missing:
-        problems.append(f"missing tensors: {', '.join(missing)}")
+        problems.append(f"missing tensors: {_names(missing)}")
     if unexpected:
-        hint = (
+        tied = (
             " (lm_head.weight with tie_embeddings=true: the config contradicts the checkpoint)"
             if "lm_head.weight" in unexpected
             else ""
         )
-        problems.append(f"unexpected tensors: {', '.join(unexpected)}{hint}")
+        problems.append(f"unexpected tensors: {_names(unexpected)}{tied}")
     if wrong:
         problems.append("shape mismatches: " + "; ".join(wrong))
     if problems:
         raise CheckpointError(
             "checkpoint does not match train_config.json: " + " | ".join(problems)
         )
+
+
+def _names(names: set[str], limit: int = 20) -> str:
+    shown = sorted(names)
+    more = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more
 
 
 def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
@@ -102,6 +123,7 @@ def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
             f"{src}: no tokenizer.json or tokenizer.model found (give a tokenizer.json file "
             "or a directory of Hugging Face tokenizer files)"
         )
+    _refuse_paths_outside(src if src.is_dir() else src.parent, files)
     for f in files:
         shutil.copy2(f, dst / f.name)
     if (dst / "tokenizer.json").exists():
@@ -113,6 +135,30 @@ def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
                 f"tokenizer has {size} tokens but the model's vocab_size is {vocab_size}: "
                 "token ids past the embedding would crash serving; pass the training tokenizer"
             )
+
+
+def _refuse_paths_outside(root: Path, files: list[Path]) -> None:
+    """A tokenizer must not smuggle in files from elsewhere (issue 15): no file that is a
+    link leading out of its directory (copy2 would copy the target), and no `*_file` entry
+    of tokenizer_config.json naming a path outside the model directory."""
+    from ministream.member_names import is_member_name
+
+    problems = []
+    base = root.resolve()
+    for f in files:
+        if f.is_symlink() and not f.resolve().is_relative_to(base):
+            problems.append(f"{f.name} links outside the tokenizer directory ({f.resolve()})")
+        if f.name == "tokenizer_config.json":
+            try:
+                raw = json.loads(f.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CheckpointError(f"{f}: not valid JSON ({exc})") from None
+            entries = raw.items() if isinstance(raw, dict) else []
+            for key, value in entries:
+                if key.endswith("_file") and value is not None and not is_member_name(value):
+                    problems.append(f"{f.name}: {key}={value!r} names a path outside the model")
+    if problems:
+        raise CheckpointError("refusing the tokenizer: " + "; ".join(problems))
 
 
 class _ShardWriter:
@@ -161,7 +207,9 @@ def convert(
     force: bool = False,
     progress: bool = True,
     on_tensor: Callable[[Slice], None] | None = None,
+    layout: Layout | None = None,
 ) -> ConvertResult:
+    """Convert `checkpoint` (any layout checkpoint.py reads; `layout` picks the weights)."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     max_bytes = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
@@ -172,8 +220,16 @@ def convert(
         raise FileExistsError(f"{output} already exists; pass --force to replace it")
 
     cfg = TrainConfig.load(train_config)
-    raw = load_raw_state_dict(checkpoint)
-    check_raw_tensors(raw, cfg)
+    opened = open_raw_checkpoint(checkpoint, layout)
+    raw = opened.tensors
+    log.info(
+        "%s: %s, %d tensors%s",
+        checkpoint,
+        _FORMAT_NAMES[opened.format],
+        len(raw),
+        f" under {opened.prefix!r}" if opened.prefix else "",
+    )
+    check_raw_tensors(raw.shapes, cfg)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
@@ -182,7 +238,7 @@ def convert(
         writer = _ShardWriter(tmp, max_bytes)
         consumed: set[str] = set()
         produced: set[str] = set()
-        total_bytes = sum(raw[name].numel() for name, _, _ in plan) * DTYPES[dtype].itemsize
+        total_bytes = sum(raw.numel(name) for name, _, _ in plan) * DTYPES[dtype].itemsize
         with tqdm(
             total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
         ) as bar:
@@ -232,17 +288,32 @@ def convert(
             dtype=dtype,
             source={
                 "checkpoint": Path(checkpoint).name,
-                "checkpoint_sha256": sha256_file(checkpoint),
+                "checkpoint_sha256": opened.sha256(),
+                "checkpoint_format": opened.format,
+                "checkpoint_prefix": opened.prefix,
                 "train_config_sha256": sha256_file(train_config),
             },
         )
         (tmp / MANIFEST_NAME).write_text(manifest.to_json())
         make_world_readable(tmp)
         _replace_dir(tmp, output)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _is_enospc(exc):
+            raise CheckpointError(
+                f"no space left on the device of {output.parent} while converting "
+                f"({exc}); the partial output was "
+                f"removed and {output} was left as it was. Free space or pick another --output."
+            ) from exc
         raise
     return ConvertResult(output, manifest, len(produced), len(writer.files))
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    # safetensors (Rust) reports a full disk as SafetensorError "... (os error 28)", not OSError.
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    return f"(os error {errno.ENOSPC})" in str(exc)
 
 
 def make_world_readable(root: Path) -> None:
