@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint unit bench-plugin bench-convert bench-load bench-serve clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,20 +41,32 @@ serve: setup demo-model  ## serve the demo model: OpenAI API on 127.0.0.1:$(PORT
 lint:  ## ruff (lint and format) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy plugins service loadtest scripts
+	$(VENV)/bin/mypy plugins service loadtest devtools scripts
+
+wheel-check:  ## build the wheel, install it into a fresh venv, run each command from there (~2 min)
+	$(PY) scripts/wheel_check.py
 
 unit: setup-test  ## the fast tests only (no vLLM engine)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
 
-test: setup-test lint  ## install what the tests need, then run the whole suite (what CI runs)
+# The images first (`make images`; without root it says so and the image tests are skipped
+# with that reason); the layer cache and the bootstrapped base make a second run on the same
+# machine take about a minute.
+test: setup-test lint wheel-check  ## install what the tests need, then run the whole suite (what CI runs)
+	python3 scripts/images.py build --skip-without-root
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+# Standard library only (no .venv needed); root, buildah and podman (scripts/install_oci.sh).
+images:  ## build the CPU serving and sidecar images (+ the GPU image's steps) with buildah; prints sizes
+	@scripts/setup.sh oci
+	python3 scripts/images.py build
 
 bench-plugin: setup demo-model  ## plugin vs built-in Llama offline throughput (seed shape, ~8 min)
 	$(PY) scripts/bench_plugin.py --model $(DEMO_MODEL) --out $(ART)/bench-plugin.json \
 	  --prompts 16 --prompt-len 128 --output-len 64 --rounds 4 --concurrency 1,8 \
 	  --llm-args '{"max_model_len": 512, "dtype": "float32"}'
 
-bench-convert: setup  ## converter peak memory vs --max-shard-size (seed shape)
+bench-convert: setup  ## converter peak memory vs --max-shard-size per layout (model.pt, DCP, safetensors)
 	$(PY) scripts/bench_convert.py --out $(ART)/bench-convert.json
 
 bench-load: setup-test  ## cold start and weight bytes/s per loading path (~1.2 GB model, local S3)
@@ -72,13 +84,18 @@ ROLLOUT := $(VENV)/bin/ministream-loadtest rollout --replicas 2 --rate 4 \
 	  --model $(TINY_MODEL) --served-model-name ministream-tiny
 ROLLOUT_VLLM := -- --dtype float32 --max-model-len 512 --enforce-eager
 
-bench-serve: setup-test demo-model $(TINY_MODEL)/ministream_manifest.json  ## SLO report for the demo model + the full rolling-restart experiment
+bench-serve: setup-test images demo-model $(TINY_MODEL)/ministream_manifest.json  ## SLO report for the demo model + the full rolling-restart experiment (processes and the images' pods)
 	$(VENV)/bin/ministream-loadtest run --serve $(DEMO_MODEL) --model ministream-demo \
 	  --scenario short-chat --scenario long-prompt --scenario long-generation --scenario mixed \
 	  --output-dir $(ART)/bench-serve/slo -- --max-model-len 2048
 	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --output $(ART)/bench-serve/rollout-drain.json $(ROLLOUT_VLLM)
 	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --no-drain --output $(ART)/bench-serve/rollout-nodrain.json \
 	  $(ROLLOUT_VLLM)
+	# The same pair on the chart's rendered pods, run from the images by podman kube play.
+	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --runtime podman \
+	  --output $(ART)/bench-serve/rollout-podman-drain.json $(ROLLOUT_VLLM)
+	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --runtime podman \
+	  --no-drain --output $(ART)/bench-serve/rollout-podman-nodrain.json $(ROLLOUT_VLLM)
 
 clean:  ## remove generated models and benchmark results (keeps .venv)
 	rm -rf $(ART)

@@ -38,12 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.support: the S3 and vLLM server launchers
+from ministream_testkit.processes import evict_from_page_cache
+from ministream_testkit.s3_server import S3Server
+from ministream_testkit.vllm_server import VLLMServer
 
-from tests.support.processes import evict_from_page_cache  # noqa: E402
-from tests.support.s3_server import S3Server  # noqa: E402
-from tests.support.vllm_server import VLLMServer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 2**20
 PATHS = ("local", "runai_streamer", "sharded_state", "runai_streamer_sharded")
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
 
-    # No auth, no delays, ranged GETs served with a seek (see tests/support/s3_server.py).
+    # No auth, no delays, ranged GETs served with a seek (see ministream_testkit/s3_server.py).
     s3 = S3Server(args.work / "s3", fast_ranges=True).start()
     env = {
         **s3.env(),

@@ -66,7 +66,7 @@ def main() -> int:
     ministream.register()
     from vllm import LLM, SamplingParams
 
-    from ministream.golden import as_llama
+    from ministream_reference.golden import as_llama
 
     llama_dir = as_llama(args.model, Path(tempfile.mkdtemp(prefix="bench-llama-")))
     engines: dict[str, Any] = {}

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Create or update the project's environment at .venv (idempotent).
 #   scripts/setup.sh serve   # the engine (vLLM CPU build), S3 streaming, the sidecar
-#   scripts/setup.sh test    # the above plus the test tools, helm/kubectl, Prometheus, HAProxy
+#   scripts/setup.sh test    # the above plus the test tools, helm/kubectl, Prometheus, HAProxy,
+#                            # and the OCI tools (buildah, podman) that build and run the images
+#   scripts/setup.sh oci     # the OCI tools only (`make images`; no .venv)
 # Re-installs only when pyproject.toml or this script changed since the last run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${1:-serve}
+if [ "$target" = oci ]; then
+  exec bash scripts/install_oci.sh
+fi
 case "$target" in
   serve) extras="cpu,s3,sidecar" ;;
   test) extras="cpu,s3,sidecar,test" ;;
-  *) echo "usage: scripts/setup.sh serve|test" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh serve|test|oci" >&2; exit 2 ;;
 esac
 
 python=${PYTHON:-python3}
@@ -30,7 +35,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 if [ "$target" = test ]; then
-  for tool in scripts/install_tools.sh scripts/install_prometheus.sh scripts/install_haproxy.sh; do
+  for tool in scripts/install_tools.sh scripts/install_prometheus.sh scripts/install_haproxy.sh \
+      scripts/install_oci.sh; do
     if [ -f "$tool" ]; then bash "$tool"; fi
   done
 fi

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Check what an image's install step produced, in the environment of this interpreter.
 
-    check-install.py serving [--engine]   the plugin, its CLI and the S3 streamer are there;
-                                          with --engine also vLLM at the pinned version, with
-                                          the plugin discovered through its entry point
+    check-install.py serving [--engine]   the plugin, its CLI, the S3 streamer and the chart's
+                                          preStop client (`python3 -m ministream_sidecar.client`)
+                                          are there; with --engine also vLLM at the pinned
+                                          version, with the plugin discovered through its entry
+                                          point
     check-install.py sidecar              the sidecar and its console script are there, and
                                           neither torch nor vLLM is importable
+
+Both roles also fail when a development package (load tests, test oracles, the dashboard
+generator; docs/packaging.md) is importable: the images carry the runtime packages only.
 
 Run as the last step of each Dockerfile and by tests/charts/test_docker_images.py, so a broken
 install step fails CI although no image is built there. Exits non-zero with the reasons.
@@ -15,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import subprocess
 import sys
 import sysconfig
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 
 PINNED_VLLM = "0.32.0"
+# Development tools of the distribution (loadtest/, devtools/), never copied into an image.
+DEV_PACKAGES = ("ministream_loadtest", "ministream_reference", "ministream_observability")
 
 
 def _script(name: str) -> Path | None:
@@ -48,9 +56,32 @@ def check_serving(engine: bool) -> list[str]:
         problems.append(f"vllm.general_plugins has no ministream entry point: {plugins}")
     if _script("ministream") is None:
         problems.append("the `ministream` console script is missing (shard Job, upload)")
+    problems += _check_prestop_client()
     if engine:
         problems += _check_engine()
-    return problems
+    return problems + _check_no_dev_packages()
+
+
+def _check_prestop_client() -> list[str]:
+    """The chart's preStop hook runs `python3 -m ministream_sidecar.client drain ...` with the
+    serving image's python3, which has no sidecar extra: the client must need none."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ministream_sidecar.client", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0 or "drain" not in proc.stdout:
+        return [f"`python3 -m ministream_sidecar.client --help` failed: {proc.stderr[-500:]}"]
+    return []
+
+
+def _check_no_dev_packages() -> list[str]:
+    return [
+        f"{module} is importable: a development tool, the images carry runtime packages only"
+        for module in DEV_PACKAGES
+        if _importable(module)
+    ]
 
 
 def _check_engine() -> list[str]:
@@ -83,7 +114,7 @@ def check_sidecar() -> list[str]:
     for heavy in ("torch", "vllm"):
         if _importable(heavy):
             problems.append(f"{heavy} is importable: the sidecar image must stay slim")
-    return problems
+    return problems + _check_no_dev_packages()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@
 #   install-project.sh EXTRAS [SRC [PIP_OPTIONS...]]     e.g. install-project.sh model,s3 /src
 #
 # EXTRAS  comma-separated extras of pyproject.toml (model, s3, sidecar, ...)
-# SRC     the project source: pyproject.toml, README.md, plugins/, service/, loadtest/ (default .)
+# SRC     the project source: pyproject.toml, README.md, plugins/, service/ (default .); the
+#         development folders (loadtest/, devtools/) may be absent: the images leave them out
 # PIP_OPTIONS  passed on to pip install (CI uses --dry-run to resolve against an engine env)
 # PYTHON  the interpreter whose environment receives it (default python3)
 #

@@ -1,12 +1,13 @@
 """`ministream-loadtest`: SLO reports and the rolling-restart experiment.
 
     ministream-loadtest run --scenario short-chat [--scenario FILE ...] --base-url URL
-                            --output-dir DIR [--model NAME] [--tokenizer PATH]
+                            --output-dir DIR [--model NAME] [--tokenizer PATH] [--dry-run]
                             [--rates 0.5,1,2 | --concurrency 1,2,4] [--requests N]
                             [--slo ttft_ms=800 ...] [--attainment 0.95] [--fail-on-slo]
     ministream-loadtest rollout --replicas N --output FILE.json --model DIR
                             [--no-drain] [--rollout-mode surge|inPlace] [--restarts K]
-                            [--rate R] [--duration S] [--endpoint-lag S] [-- VLLM_ARGS...]
+                            [--rate R] [--duration S] [--endpoint-lag S]
+                            [--runtime process|podman] [-- VLLM_ARGS...]
 
 The load engine is `vllm bench serve` (engine.py); an API key is read from OPENAI_API_KEY.
 """
@@ -24,9 +25,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .chart_values import DEFAULT_VALUES
+from .chart_pod import DEFAULT_CHART, ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine
-from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario
+from .kube_play import KubePlayError
+from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -68,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         action="append",
         required=True,
-        help="scenario file, or a name from loadtest/scenarios/ (repeatable)",
+        help=f"scenario file, or the name of a bundled one ({', '.join(shipped_names())}); "
+        "repeatable",
     )
     run.add_argument(
         "--base-url", default="http://127.0.0.1:8000", help="OpenAI API base URL (no /v1)"
@@ -79,12 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a local pod (vLLM + sidecar, as `ministream up`) serving this "
         "model for the run, instead of using --base-url; vLLM arguments go after --",
     )
-    run.add_argument(
-        "--chart-values",
-        type=Path,
-        default=DEFAULT_VALUES,
-        help="with --serve: the chart values the pod's sidecar settings come from",
-    )
+    _add_chart_options(run, "with --serve: the chart whose rendered pod settings the pod runs")
     run.add_argument(
         "--model",
         help="served model name (default: the server's first model; with --serve: ministream)",
@@ -94,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="local directory with the model's tokenizer (default: "
         "the served model's path, when it exists on this machine)",
     )
-    run.add_argument("--output-dir", type=Path, required=True)
+    run.add_argument(
+        "--output-dir", type=Path, help="report, plots and raw results (required unless --dry-run)"
+    )
     sweep = run.add_mutually_exclusive_group()
     sweep.add_argument("--rates", type=_floats, help="override the sweep: requests/s values")
     sweep.add_argument(
@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-on-slo",
         action="store_true",
         help="exit 1 when a sweep point misses its SLO attainment",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load and check the scenarios with the overrides, print each one's plan and exit "
+        "without starting or contacting a server",
     )
 
     ro = sub.add_parser("rollout", help="rolling restart of N local replicas under load")
@@ -156,11 +162,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a terminating pod leaves the load balancer (the "
         "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts",
     )
-    ro.add_argument("--chart-values", type=Path, default=DEFAULT_VALUES)
+    _add_chart_options(ro, "the chart whose rendered pod and rollout strategy are replayed")
     ro.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
     ro.add_argument("--startup-timeout", type=float, default=900.0)
     ro.add_argument("--seed", type=int, default=0)
+    ro.add_argument(
+        "--runtime",
+        choices=["process", "podman"],
+        default="process",
+        help="process: each pod is a local vLLM and sidecar process; podman: each pod is the "
+        "chart's rendered pod run from the images (`make images`) by `podman kube play` "
+        "(root; CONTAINERS_CONF from `scripts/images.py env`)",
+    )
     return parser
+
+
+def _add_chart_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        default=DEFAULT_CHART,
+        help=f"{what}, rendered with `helm template` (default: ./{DEFAULT_CHART})",
+    )
+    parser.add_argument(
+        "--chart-values",
+        type=Path,
+        action="append",
+        default=[],
+        help="values file for `helm template -f` (repeatable)",
+    )
+    parser.add_argument("--helm", help="helm binary (default: helm on PATH, or .tools/bin/helm)")
 
 
 # --- run ------------------------------------------------------------------------------------
@@ -197,11 +228,19 @@ def _resolve_target(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    # Scenarios first: a bad file or override fails before an engine is started.
+    scenarios = _load_scenarios(args)
+    if args.dry_run:
+        for sc in scenarios:
+            _print_plan(sc)
+        return 0
+    if args.output_dir is None:
+        raise SystemExit("ministream-loadtest run: --output-dir is required (except --dry-run)")
     if not args.serve:
         if vllm_args:
             raise SystemExit("arguments after -- go to vLLM and need --serve")
-        return _run_scenarios(args)
-    from .chart_values import load_chart_timings
+        return _run_scenarios(args, scenarios)
+    from .chart_pod import chart_pod
     from .fleet import Pod, PodTemplate
     from .haproxy import Slot, free_port
 
@@ -210,7 +249,7 @@ def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
         model=args.serve,
         served_name=args.model,
         vllm_args=tuple(vllm_args),
-        timings=load_chart_timings(args.chart_values),
+        chart=chart_pod(args.chart, args.chart_values, helm=args.helm),
         log_dir=args.output_dir / "logs",
     )
     pod = Pod("server", Slot(0, free_port(), free_port()), template)
@@ -228,18 +267,12 @@ def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
             flush=True,
         )
         args.base_url = pod.api_url
-        return _run_scenarios(args)
+        return _run_scenarios(args, scenarios)
     finally:
         pod.kill()
 
 
-def _run_scenarios(args: argparse.Namespace) -> int:
-    from .plots import plot_scenario
-    from .slo import point_report, report, scenario_report
-
-    model, tokenizer = _resolve_target(args)
-    out: Path = args.output_dir
-    (out / "raw").mkdir(parents=True, exist_ok=True)
+def _load_scenarios(args: argparse.Namespace) -> list[Scenario]:
     scenarios: list[Scenario] = []
     for ref in args.scenario:
         sc = load_scenario(resolve_scenario(ref))
@@ -258,6 +291,31 @@ def _run_scenarios(args: argparse.Namespace) -> int:
                 requests=args.requests, sweep=sweep, slo=slo, attainment=args.attainment
             )
         )
+    return scenarios
+
+
+def _print_plan(sc: Scenario) -> None:
+    slo = " ".join(f"{k}<={v:g}" for k, v in sc.slo.as_dict().items()) or "none"
+    rr = sc.range_ratio
+    ratio = f"{rr:g}" if isinstance(rr, float) else ", ".join(f"{k} {v:g}" for k, v in rr.items())
+    print(
+        f"{sc.name}: {sc.path}\n"
+        f"  {sc.api} API, {sc.input_tokens} in / {sc.output_tokens} out tokens "
+        f"(range ratio {ratio}), {sc.requests} requests per sweep point\n"
+        f"  sweep {sc.sweep.mode}: {', '.join(f'{v:g}' for v in sc.sweep.values)}\n"
+        f"  SLO {slo}, attainment {sc.attainment:g}; "
+        f"needs --max-model-len >= {sc.max_tokens_per_request}",
+        flush=True,
+    )
+
+
+def _run_scenarios(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
+    from .plots import plot_scenario
+    from .slo import point_report, report, scenario_report
+
+    model, tokenizer = _resolve_target(args)
+    out: Path = args.output_dir
+    (out / "raw").mkdir(parents=True, exist_ok=True)
     reports, missed = [], 0
     for j, sc in enumerate(scenarios):
         tags = [f"{sc.name}-{sc.sweep.mode}{value:g}" for value in sc.sweep.values]
@@ -336,10 +394,13 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         lead_in=args.lead_in,
         tail=args.tail,
         endpoint_lag=args.endpoint_lag,
-        chart_values=args.chart_values,
+        chart=args.chart,
+        chart_values=tuple(args.chart_values),
+        helm=args.helm,
         startup_timeout=args.startup_timeout,
         workdir=args.workdir,
         seed=args.seed,
+        runtime=args.runtime,
     )
     report = run_rollout(cfg)
     window = report["restart_window"]
@@ -388,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: stopped every process this run started", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ChartError, KubePlayError) as exc:
         print(f"ministream-loadtest: {exc}", file=sys.stderr)
         return 2
 

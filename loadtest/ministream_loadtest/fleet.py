@@ -1,19 +1,22 @@
 """Local pods: a real vLLM (CPU) and a real MiniStream sidecar each, stopped as the kubelet does.
 
-`Pod.start` runs the same two processes as the chart's pod: vLLM through the launcher's
-command line (`ministream_sidecar.launcher.vllm_command`, with the chart's
-`--shutdown-timeout`) and `python -m ministream_sidecar` with the chart's
-MINISTREAM_SIDECAR_* timing variables. `Pod.terminate` replays the kubelet's pod shutdown:
+`Pod.start` runs the same two processes as the chart's pod (`chart_pod.ChartPod`, read
+from `helm template`): vLLM through the launcher's command line
+(`ministream_sidecar.launcher.vllm_command`, with the rendered `--shutdown-timeout`) and
+`python -m ministream_sidecar` with the rendered MINISTREAM_SIDECAR_* settings.
+`Pod.terminate` replays the kubelet's pod shutdown:
 
-1. preStop hook (unless disabled): POST /drain to the sidecar, waiting up to
-   `sidecar.drainTimeoutSeconds + 5` s like the chart's hook;
+1. the rendered preStop command (unless disabled), run with this interpreter in place of the
+   image's `python3` and the pod's sidecar port in MINISTREAM_SIDECAR_PORT; it is cut off
+   when the grace period runs out, as the kubelet cuts off a hook;
 2. SIGTERM to the vLLM container's main process (vLLM then finishes in-flight requests for
    up to `--shutdown-timeout` s);
 3. SIGKILL to whatever is left when terminationGracePeriodSeconds (counted from the start of
    the shutdown, preStop included) runs out;
 4. the native sidecar container gets SIGTERM once vLLM has exited.
 
-Each process leads its own process group, so a kill reaches vLLM's engine-core children.
+Processes are `ministream_sidecar.processes.Child`ren (the lifecycle `ministream up` uses):
+each leads its own process group, so a kill reaches vLLM's engine-core children.
 
 CPU: each pod's vLLM workers are bound to cores of their own while this machine's CPUs
 last (`VLLM_CPU_OMP_THREADS_BIND`, unless the caller sets it), as a kubelet's static CPU
@@ -24,25 +27,24 @@ binding would pin every TP=1 engine on the machine to the same core.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chart_values import ChartTimings
-from .haproxy import Slot
+from ministream_sidecar import client
+from ministream_sidecar.launcher import UpArgs, vllm_command
+from ministream_sidecar.processes import Child
+
+from .chart_pod import ChartPod
+from .haproxy import Slot, free_port
 
 _SIDECAR_STOP_SECONDS = 10.0
-_EXIT_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class PodTemplate:
     model: str
     served_name: str
     vllm_args: tuple[str, ...]
-    timings: ChartTimings
+    chart: ChartPod
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
 
@@ -82,11 +84,6 @@ def cpu_binding(slot_index: int, tp: int, cpus: list[int]) -> str:
     return "nobind"
 
 
-def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
 class Pod:
     def __init__(
         self,
@@ -99,8 +96,8 @@ class Pod:
         self.slot = slot
         self.template = template
         self.clock = clock
-        self.vllm: subprocess.Popen[bytes] | None = None
-        self.sidecar: subprocess.Popen[bytes] | None = None
+        self.vllm: Child | None = None
+        self.sidecar: Child | None = None
         self.events: dict[str, float] = {}  # created, ready, terminating, sigterm, exited
         self.prestop: dict[str, Any] | None = None
         self.exit_code: int | None = None
@@ -108,21 +105,19 @@ class Pod:
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.slot.api_port}"
+        return f"http://{self.slot.host}:{self.slot.api_port}"
 
     @property
     def sidecar_url(self) -> str:
-        return f"http://127.0.0.1:{self.slot.sidecar_port}"
+        return f"http://{self.slot.host}:{self.slot.sidecar_port}"
 
     def vllm_command(self) -> list[str]:
-        from ministream_sidecar.launcher import UpArgs, vllm_command
-
         t = self.template
         args = [
             "--served-model-name",
             t.served_name,
             "--shutdown-timeout",
-            str(t.timings.vllm_shutdown_timeout_seconds),
+            str(t.chart.vllm_shutdown_timeout_seconds),
             *t.vllm_args,
         ]
         return vllm_command(
@@ -135,6 +130,21 @@ class Pod:
             )
         )
 
+    def cpu_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The CPU binding this pod's slot gets (see the module docstring), unless `env`
+        already sets one; the variables to add."""
+        if "VLLM_CPU_OMP_THREADS_BIND" in env:
+            return {}
+        bind = cpu_binding(
+            self.slot.index,
+            tensor_parallel_size(self.template.vllm_args),
+            sorted(os.sched_getaffinity(0)),
+        )
+        added = {"VLLM_CPU_OMP_THREADS_BIND": bind}
+        if bind == "nobind" and "OMP_NUM_THREADS" not in env:
+            added["OMP_NUM_THREADS"] = "1"  # one thread per rank, as when bound
+        return added
+
     def start(self) -> Pod:
         t = self.template
         t.log_dir.mkdir(parents=True, exist_ok=True)
@@ -143,56 +153,35 @@ class Pod:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
-        if "VLLM_CPU_OMP_THREADS_BIND" not in env:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(
-                self.slot.index, tensor_parallel_size(t.vllm_args), sorted(os.sched_getaffinity(0))
-            )
-            if env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind":
-                env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as when bound
+        env.update(self.cpu_env(env))
         self.events["created"] = self.clock()
         sidecar_env = {
             **env,
-            **t.timings.sidecar_env(),
-            "MINISTREAM_SIDECAR_HOST": "127.0.0.1",
-            "MINISTREAM_SIDECAR_PORT": str(self.slot.sidecar_port),
-            "MINISTREAM_SIDECAR_VLLM_URL": self.api_url,
-            "MINISTREAM_SIDECAR_MODEL_NAME": t.served_name,
-            "MINISTREAM_SIDECAR_PROCESS_START_TIME": repr(time.time()),
+            **t.chart.sidecar_settings,
+            f"{client.ENV_PREFIX}HOST": "127.0.0.1",
+            f"{client.ENV_PREFIX}PORT": str(self.slot.sidecar_port),
+            f"{client.ENV_PREFIX}VLLM_URL": self.api_url,
+            f"{client.ENV_PREFIX}MODEL_NAME": t.served_name,
+            f"{client.ENV_PREFIX}PROCESS_START_TIME": repr(time.time()),
         }
-        with (
-            open(t.log_dir / f"{self.name}-vllm.log", "wb") as vlog,
-            open(t.log_dir / f"{self.name}-sidecar.log", "wb") as slog,
-        ):
-            self.vllm = subprocess.Popen(
-                self.vllm_command(),
-                stdout=vlog,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            self.sidecar = subprocess.Popen(
-                [sys.executable, "-m", "ministream_sidecar"],
-                stdout=slog,
-                stderr=subprocess.STDOUT,
-                env=sidecar_env,
-                start_new_session=True,
-            )
+        self.vllm = Child("vLLM", self.vllm_command(), env).start(self._log("vllm"))
+        sidecar_cmd = [sys.executable, "-m", "ministream_sidecar"]
+        self.sidecar = Child("sidecar", sidecar_cmd, sidecar_env).start(self._log("sidecar"))
         return self
 
+    def _log(self, container: str) -> Path:
+        return self.template.log_dir / f"{self.name}-{container}.log"
+
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.sidecar_url}/readyz", timeout=3) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
+        return client.ready(self.sidecar_url)
 
     def check_alive(self) -> None:
-        for name, proc in (("vLLM", self.vllm), ("sidecar", self.sidecar)):
-            if proc is not None and proc.poll() is not None:
-                log = self.template.log_dir / f"{self.name}-{name.lower()}.log"
+        for child in (self.vllm, self.sidecar):
+            if child is not None and child.returncode is not None:
+                log = self._log("vllm" if child is self.vllm else "sidecar")
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
                 raise RuntimeError(
-                    f"pod {self.name}: {name} exited with {proc.returncode}:\n{tail}"
+                    f"pod {self.name}: {child.name} exited with {child.returncode}:\n{tail}"
                 )
 
     def wait_ready(self, timeout: float) -> float:
@@ -207,62 +196,81 @@ class Pod:
 
     # --- shutdown, as the kubelet does it ---------------------------------------------------
     def terminate(self, *, drain: bool) -> None:
-        """Blocking: preStop drain, SIGTERM, grace-period SIGKILL, then the sidecar."""
-        assert self.vllm is not None and self.sidecar is not None
-        timings = self.template.timings
+        """Blocking: preStop hook, SIGTERM, grace-period SIGKILL, then the sidecar."""
+        chart = self.template.chart
         start = self.events["terminating"] = self.clock()
-        deadline = time.monotonic() + timings.termination_grace_period_seconds
+        deadline = time.monotonic() + chart.termination_grace_period_seconds
         if drain:
-            self.prestop = self._prestop_drain(
-                min(timings.prestop_http_timeout_seconds, timings.termination_grace_period_seconds)
-            )
+            self.prestop = self._run_prestop(deadline - time.monotonic())
         self.events["sigterm"] = self.clock()
-        with contextlib.suppress(ProcessLookupError):
-            self.vllm.send_signal(signal.SIGTERM)  # the container's main process only
-        while self.vllm.poll() is None and time.monotonic() < deadline:
-            time.sleep(_EXIT_POLL_SECONDS)
-        if self.vllm.poll() is None:
-            self.killed = True
-            _killpg(self.vllm, signal.SIGKILL)
-            self.vllm.wait()
-        self.exit_code = self.vllm.returncode
-        _killpg(self.vllm, signal.SIGKILL)  # the container's leftovers die with it
+        self.exit_code, self.killed = self._stop_vllm(grace=deadline - time.monotonic())
         self.events["exited"] = self.clock()
-        self.sidecar.send_signal(signal.SIGTERM)
-        try:
-            self.sidecar.wait(_SIDECAR_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            _killpg(self.sidecar, signal.SIGKILL)
-            self.sidecar.wait()
-        _killpg(self.sidecar, signal.SIGKILL)
+        self._stop_sidecar()
         self.events["sidecar_exited"] = self.clock()
         assert self.events["exited"] >= start
 
-    def _prestop_drain(self, timeout: float) -> dict[str, Any]:
+    def _stop_vllm(self, grace: float) -> tuple[int | None, bool]:
+        """SIGTERM to vLLM, SIGKILL after `grace` s: (exit status, whether SIGKILLed)."""
+        assert self.vllm is not None
+        code = self.vllm.stop(grace=grace)
+        return code, self.vllm.killed
+
+    def _stop_sidecar(self) -> None:
+        assert self.sidecar is not None
+        self.sidecar.stop(grace=_SIDECAR_STOP_SECONDS)
+
+    def _exec_prestop(self, command: list[str], budget: float) -> subprocess.CompletedProcess[str]:
+        """Run the rendered preStop command, with this interpreter standing in for the image's
+        python3 and the pod's sidecar port in MINISTREAM_SIDECAR_PORT."""
+        if command[0] == "python3":
+            command = [sys.executable, *command[1:]]
+        env = {**os.environ, f"{client.ENV_PREFIX}PORT": str(self.slot.sidecar_port)}
+        if token := self.template.env.get(f"{client.ENV_PREFIX}TOKEN"):
+            env[f"{client.ENV_PREFIX}TOKEN"] = token
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=budget)
+
+    def _run_prestop(self, budget: float) -> dict[str, Any]:
+        """The rendered preStop command; cut off after `budget` seconds as the kubelet cuts
+        off a hook."""
+        command = list(self.template.chart.prestop_command)
         began = self.clock()
-        request = urllib.request.Request(f"{self.sidecar_url}/drain", data=b"", method="POST")
-        token = self.template.env.get("MINISTREAM_SIDECAR_TOKEN")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        result: dict[str, Any] = {}
+        result: dict[str, Any]
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
-                result = {"status": resp.status, "body": json.loads(resp.read() or b"{}")}
-        except urllib.error.HTTPError as exc:
-            result = {"status": exc.code, "error": exc.read(512).decode(errors="replace")}
-        except (OSError, ValueError) as exc:
-            result = {"status": None, "error": str(exc)}
+            proc = self._exec_prestop(command, budget)
+            lines = proc.stdout.strip().splitlines()
+            result = json.loads(lines[-1])["drain"] if lines else {"error": proc.stderr[-512:]}
+            result["exit_code"] = proc.returncode
+        except subprocess.TimeoutExpired:
+            result = {"status": None, "error": f"preStop cut off after {budget:.0f}s"}
+        except (ValueError, KeyError) as exc:
+            result = {"status": None, "error": f"unreadable preStop output: {exc}"}
         result["seconds"] = round(self.clock() - began, 3)
         return result
 
     def kill(self) -> None:
         """Immediate cleanup (not a graceful shutdown)."""
-        for proc in (self.vllm, self.sidecar):
-            if proc is not None:
-                _killpg(proc, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(10)
+        for child in (self.vllm, self.sidecar):
+            if child is not None:
+                child.kill_group()
 
     @property
     def exited(self) -> bool:
         return "sidecar_exited" in self.events
+
+
+class ProcessFleet:
+    """Runtime `process`: each pod is two local processes (`Pod`), on ports of 127.0.0.1."""
+
+    name = "process"
+
+    def slots(self, count: int) -> list[Slot]:
+        return [Slot(i, free_port(), free_port()) for i in range(count)]
+
+    def pod(self, name: str, slot: Slot, template: PodTemplate) -> Pod:
+        return Pod(name, slot, template)
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name}
+
+    def close(self) -> None:
+        return None

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chart_values import ChartTimings
+from .chart_pod import ChartPod
 
 INSTALL_HINT = "HAProxy is not installed: run scripts/install_haproxy.sh (apt-get install haproxy)"
 BACKEND = "replicas"
@@ -51,11 +51,13 @@ def find_haproxy() -> str:
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one pod runs: its vLLM API port and its sidecar port on 127.0.0.1."""
+    """Where one pod runs: its address (127.0.0.1 for local processes, the pod's own IP for
+    podman pods), its vLLM API port and its sidecar port."""
 
     index: int
     api_port: int
     sidecar_port: int
+    host: str = "127.0.0.1"
 
     @property
     def server(self) -> str:
@@ -83,16 +85,16 @@ def render_config(
     socket_path: Path,
     slots: list[Slot],
     enabled: set[int],
-    timings: ChartTimings,
+    probe: ChartPod,
 ) -> str:
     servers = []
     for slot in slots:
         disabled = "" if slot.index in enabled else " disabled"
         servers.append(
-            f"  server {slot.server} 127.0.0.1:{slot.api_port} check port {slot.sidecar_port} "
-            f"inter {timings.readiness_period_seconds}s "
-            f"fall {timings.readiness_failure_threshold} "
-            f"rise {timings.readiness_success_threshold}{disabled}"
+            f"  server {slot.server} {slot.host}:{slot.api_port} check port {slot.sidecar_port} "
+            f"inter {probe.readiness_period_seconds}s "
+            f"fall {probe.readiness_failure_threshold} "
+            f"rise {probe.readiness_success_threshold}{disabled}"
         )
     return "\n".join(
         [
@@ -124,7 +126,7 @@ def render_config(
             "  balance roundrobin",
             "  option httpchk GET /readyz",
             "  http-check expect status 200",
-            f"  timeout check {timings.readiness_timeout_seconds}s",
+            f"  timeout check {probe.readiness_timeout_seconds}s",
             *servers,
             "",
         ]
@@ -133,7 +135,7 @@ def render_config(
 
 class HAProxy:
     def __init__(
-        self, workdir: Path, slots: list[Slot], enabled: set[int], timings: ChartTimings
+        self, workdir: Path, slots: list[Slot], enabled: set[int], probe: ChartPod
     ) -> None:
         self.binary = find_haproxy()
         self.workdir = workdir
@@ -148,7 +150,7 @@ class HAProxy:
                 socket_path=self.socket_path,
                 slots=slots,
                 enabled=enabled,
-                timings=timings,
+                probe=probe,
             )
         )
         self.proc: subprocess.Popen[bytes] | None = None

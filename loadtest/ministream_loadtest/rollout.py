@@ -26,14 +26,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ministream.versions import vllm_version
 
-from .chart_values import DEFAULT_VALUES, ChartTimings, RolloutMode, load_chart_timings
+from .chart_pod import DEFAULT_CHART, ChartPod, RolloutMode, chart_pod
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec
-from .fleet import Pod, PodTemplate
-from .haproxy import HAProxy, Slot, StateWatcher, free_port
+from .fleet import Pod, PodTemplate, ProcessFleet
+from .haproxy import HAProxy, Slot, StateWatcher
 from .records import (
     RequestRecord,
     failure_counts,
@@ -42,7 +42,13 @@ from .records import (
     load_records,
 )
 
+if TYPE_CHECKING:
+    from .podman_fleet import PodmanFleet
+
 REQUEST_ID_PREFIX = "rollout-"
+# process: each pod is a local vLLM and sidecar process (fleet.Pod); podman: each pod is the
+# chart's rendered pod run from the images by `podman kube play` (podman_fleet.PodmanPod).
+Runtime = Literal["process", "podman"]
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,14 @@ class RolloutConfig:
     lead_in: float = 10.0  # seconds of load before the first restart
     tail: float = 15.0  # seconds of load after the rollout
     endpoint_lag: float = 2.0  # seconds before a terminating pod leaves the endpoints
-    chart_values: Path = DEFAULT_VALUES
+    chart: Path = DEFAULT_CHART  # the Helm chart whose rendered pod the experiment runs
+    chart_values: tuple[Path, ...] = ()  # extra values files (helm -f)
+    helm: str | None = None  # helm binary; None: chart_pod.find_helm's default
     startup_timeout: float = 900.0
     workdir: Path | None = None
     seed: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    runtime: Runtime = "process"
 
 
 def _say(message: str) -> None:
@@ -75,15 +84,15 @@ def _say(message: str) -> None:
 
 
 def max_load_seconds(
-    timings: ChartTimings, restarts: int, startup_timeout: float, lead_in: float, tail: float
+    chart: ChartPod, restarts: int, startup_timeout: float, lead_in: float, tail: float
 ) -> float:
     """A cap on the load that no rollout within its own timeouts can outlast: each replaced
     pod may take its whole startup timeout, and its predecessor the whole grace period. The
     load itself ends `tail` seconds after the rollout (the engine's SIGUSR1 hook)."""
     per_pod = (
         startup_timeout
-        + timings.termination_grace_period_seconds
-        + 2 * timings.readiness_period_seconds
+        + chart.termination_grace_period_seconds
+        + 2 * chart.readiness_period_seconds
     )
     return lead_in + restarts * per_pod + tail
 
@@ -108,20 +117,32 @@ class Rollout:
         if cfg.replicas < 1:
             raise ValueError("--replicas must be at least 1")
         self.cfg = cfg
-        self.timings = load_chart_timings(cfg.chart_values)
-        self.mode: RolloutMode = cfg.rollout_mode or self.timings.rollout_mode
+        sets: dict[str, Any] = {"rollout.mode": cfg.rollout_mode} if cfg.rollout_mode else {}
+        if cfg.runtime == "podman":
+            from .podman_fleet import podman_chart_values
+
+            sets.update(podman_chart_values(cfg.model, cfg.served_name, cfg.vllm_args, cfg.env))
+        self.chart = chart_pod(cfg.chart, cfg.chart_values, sets, cfg.helm)
+        self.mode: RolloutMode = self.chart.rollout_mode
         self.restarts = cfg.replicas if cfg.restarts is None else cfg.restarts
         if not 1 <= self.restarts <= cfg.replicas:
             raise ValueError(f"--restarts must be between 1 and --replicas ({cfg.replicas})")
         self.workdir = cfg.workdir or cfg.output.with_name(cfg.output.stem + "-artifacts")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.fleet: ProcessFleet | PodmanFleet
+        if cfg.runtime == "podman":
+            from .podman_fleet import PodmanFleet
+
+            self.fleet = PodmanFleet(cfg.chart, cfg.chart_values, sets, cfg.helm, self.workdir)
+        else:
+            self.fleet = ProcessFleet()
         n_slots = cfg.replicas + (1 if self.mode == "surge" else 0)
-        self.slots = [Slot(i, free_port(), free_port()) for i in range(n_slots)]
+        self.slots = self.fleet.slots(n_slots)
         self.template = PodTemplate(
             model=cfg.model,
             served_name=cfg.served_name,
             vllm_args=cfg.vllm_args,
-            timings=self.timings,
+            chart=self.chart,
             log_dir=self.workdir / "pods",
             env=dict(cfg.env),
         )
@@ -158,7 +179,7 @@ class Rollout:
 
     def _create_pod(self, name: str, slot: Slot) -> Pod:
         assert self.haproxy is not None
-        pod = Pod(name, slot, self.template)
+        pod = self.fleet.pod(name, slot, self.template)
         self.pods.append(pod)
         self.slot_owner[slot.index] = pod
         self.haproxy.add_endpoint(slot)
@@ -180,7 +201,7 @@ class Rollout:
             f"[{self.rel(pod.events['ready']):8.1f}s] pod {pod.name} ready (in service) after "
             f"{pod.events['ready'] - pod.events['created']:.1f}s"
         )
-        time.sleep(self.timings.min_ready_seconds)
+        time.sleep(self.chart.min_ready_seconds)
 
     def _terminate_async(self, pod: Pod) -> None:
         def endpoint_removal() -> None:
@@ -225,7 +246,7 @@ class Rollout:
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         enabled = set(range(cfg.replicas))
-        self.haproxy = HAProxy(self.workdir, self.slots, enabled, self.timings).start()
+        self.haproxy = HAProxy(self.workdir, self.slots, enabled, self.chart).start()
         for i in enabled:
             self.haproxy.mark_unready(self.slots[i])
         self.watcher = StateWatcher(self.haproxy).start()
@@ -236,7 +257,7 @@ class Rollout:
         )
         old = []
         for i in range(cfg.replicas):
-            pod = Pod(f"v1-{i}", self.slots[i], self.template)
+            pod = self.fleet.pod(f"v1-{i}", self.slots[i], self.template)
             self.pods.append(pod)
             self.slot_owner[i] = pod
             old.append(pod.start())
@@ -244,7 +265,7 @@ class Rollout:
             self._wait_pod_ready(pod)
         cold = max(p.events["ready"] - p.events["created"] for p in old)
         duration = cfg.duration or max_load_seconds(
-            self.timings, self.restarts, cfg.startup_timeout, cfg.lead_in, cfg.tail
+            self.chart, self.restarts, cfg.startup_timeout, cfg.lead_in, cfg.tail
         )
         spec = LoadSpec(
             base_url=self.haproxy.url,
@@ -303,6 +324,7 @@ class Rollout:
             self._engine.kill()
         for pod in self.pods:
             pod.kill()
+        self.fleet.close()
         if self.watcher is not None:
             self.watcher.stop()
         if self.haproxy is not None:
@@ -418,7 +440,8 @@ class Rollout:
                 ],
             },
             "cold_start_s": round(cold, 1),
-            "chart_timings": self.timings.as_dict(),
+            "chart_pod": self.chart.as_dict(),
+            "runtime": self.fleet.describe(),
             "pods": [self._pod_report(p) for p in self.pods],
             "lb_events": [
                 {"t_s": self.rel(t), "server": s, "from": a, "to": b}

@@ -1,4 +1,8 @@
-"""Load scenarios: YAML files under loadtest/scenarios/, one workload shape and sweep each.
+"""Load scenarios: YAML files, one workload shape and sweep each.
+
+The bundled ones are package data (`ministream_loadtest/scenario_files/`, read through
+`importlib.resources`, so a wheel finds them as a checkout does); `--scenario` takes their
+name or the path of any file of the same form.
 
 A scenario file (all keys shown; `description`, `range_ratio`, `temperature` optional):
 
@@ -23,14 +27,19 @@ A scenario file (all keys shown; `description`, `range_ratio`, `temperature` opt
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from .engine import Api, LoadSpec, Slo
 
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+if TYPE_CHECKING:  # importlib.resources.abc is 3.11+; annotations only
+    from importlib.resources.abc import Traversable
+
+BUNDLED_PACKAGE = "ministream_loadtest"
+BUNDLED_FOLDER = "scenario_files"
 SweepMode = Literal["rate", "concurrency"]
 _KEYS = {
     "name",
@@ -119,12 +128,12 @@ class Scenario:
         )
 
 
-def _require(cond: bool, path: Path, message: str) -> None:
+def _require(cond: bool, path: Traversable, message: str) -> None:
     if not cond:
         raise ValueError(f"scenario {path}: {message}")
 
 
-def _positive_int(data: dict[str, Any], key: str, path: Path) -> int:
+def _positive_int(data: dict[str, Any], key: str, path: Traversable) -> int:
     value = data.get(key)
     _require(
         isinstance(value, int) and not isinstance(value, bool) and value > 0,
@@ -134,7 +143,7 @@ def _positive_int(data: dict[str, Any], key: str, path: Path) -> int:
     return int(value)  # type: ignore[arg-type]
 
 
-def _ratio(value: Any, path: Path) -> float | dict[str, float]:
+def _ratio(value: Any, path: Traversable) -> float | dict[str, float]:
     def ok(x: Any) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
 
@@ -149,7 +158,7 @@ def _ratio(value: Any, path: Path) -> float | dict[str, float]:
     return float(value)
 
 
-def load_scenario(path: Path) -> Scenario:
+def load_scenario(path: Traversable) -> Scenario:
     data = yaml.safe_load(path.read_text())
     _require(isinstance(data, dict), path, "must be a YAML mapping")
     unknown = set(data) - _KEYS
@@ -228,17 +237,24 @@ def load_scenario(path: Path) -> Scenario:
     )
 
 
-def resolve_scenario(ref: str) -> Path:
-    """A scenario file path, or the name of one shipped in loadtest/scenarios/."""
+def shipped_scenarios() -> list[Traversable]:
+    """The bundled scenario files, by name."""
+    folder = files(BUNDLED_PACKAGE).joinpath(BUNDLED_FOLDER)
+    found = [f for f in folder.iterdir() if f.is_file() and f.name.endswith(".yaml")]
+    return sorted(found, key=lambda f: f.name)
+
+
+def shipped_names() -> list[str]:
+    return [f.name.removesuffix(".yaml") for f in shipped_scenarios()]
+
+
+def resolve_scenario(ref: str) -> Traversable:
+    """A scenario file path, or the name of a bundled one."""
     path = Path(ref)
     if path.is_file():
         return path
-    shipped = SCENARIO_DIR / f"{ref}.yaml"
-    if shipped.is_file():
-        return shipped
-    names = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))) or "none"
-    raise ValueError(f"no scenario file {ref!r} (shipped scenarios: {names})")
-
-
-def shipped_scenarios() -> list[Path]:
-    return sorted(SCENARIO_DIR.glob("*.yaml"))
+    for shipped in shipped_scenarios():
+        if shipped.name == f"{ref}.yaml":
+            return shipped
+    names = ", ".join(shipped_names()) or "none"
+    raise ValueError(f"no scenario file {ref!r} (bundled scenarios: {names})")

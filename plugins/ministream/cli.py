@@ -4,6 +4,7 @@ so `ministream up` works in images without torch and `--help` is instant."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,8 +25,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ministream.convert import convert
+    import logging
 
+    from ministream.convert import convert
+    from ministream.raw_layouts import Layout
+
+    handler = logging.StreamHandler()  # stderr: where the checkpoint's weights were found
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("ministream").addHandler(handler)
+    logging.getLogger("ministream").setLevel(logging.INFO)
     result = convert(
         args.checkpoint,
         args.train_config,
@@ -35,6 +43,9 @@ def _convert(args: argparse.Namespace) -> int:
         max_shard_size=args.max_shard_size,
         force=args.force,
         progress=not args.quiet,
+        layout=Layout(
+            ema=args.ema, state_dict_key=args.state_dict_key, strip_prefix=args.strip_prefix
+        ),
     )
     print(
         f"converted {result.num_tensors} tensors into {result.num_shards} shard(s) at "
@@ -57,9 +68,20 @@ def _verify(args: argparse.Namespace) -> int:
 def _reference(args: argparse.Namespace) -> int:
     import json
 
+    try:
+        from ministream_reference.model import ReferenceMiniStream, dump_hidden_states
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "ministream_reference":
+            raise
+        # The serving images carry the runtime packages only (docs/packaging.md).
+        print(
+            "error: `ministream reference` runs the reference model, a development tool that "
+            "the serving images leave out: install the ministream-serving wheel or a source "
+            "checkout with the model extra (pip install 'ministream-serving[model]')",
+            file=sys.stderr,
+        )
+        return 2
     from tokenizers import Tokenizer
-
-    from ministream.reference import ReferenceMiniStream, dump_hidden_states
 
     model = ReferenceMiniStream.from_pretrained(args.model)
     tok = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
@@ -136,9 +158,45 @@ def _shard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up(argv: list[str]) -> int:
-    from ministream_sidecar.launcher import main as launcher_main
+def _missing_requirements(extra: str) -> list[str]:
+    """The distributions of one of our extras that are not installed (none known: [])."""
+    from importlib.metadata import PackageNotFoundError, distribution, requires
 
+    try:
+        reqs = requires("ministream-serving") or []
+    except PackageNotFoundError:  # run from a bare source tree: nothing to compare against
+        return []
+    missing = []
+    for req in reqs:
+        name, _, marker = req.partition(";")
+        if not re.search(rf"extra\s*==\s*['\"]{extra}['\"]", marker):
+            continue
+        match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", name.strip())
+        if match is None or match[0] == "ministream-serving":
+            continue
+        try:
+            distribution(match[0])
+        except PackageNotFoundError:
+            missing.append(match[0])
+    return missing
+
+
+def _up(argv: list[str]) -> int:
+    # The launcher starts the sidecar in a subprocess: check the whole extra up front, so the
+    # serving image (model,s3 only) fails here with the fix rather than in a child traceback.
+    missing = _missing_requirements("sidecar")
+    if not missing:
+        try:
+            from ministream_sidecar.launcher import main as launcher_main
+        except ModuleNotFoundError as exc:
+            missing = [exc.name or str(exc)]
+    if missing:
+        print(
+            f"error: ministream up needs the sidecar extra (missing: {', '.join(missing)}): "
+            "pip install 'ministream-serving[sidecar]'",
+            file=sys.stderr,
+        )
+        return 2
     return launcher_main(argv)
 
 
@@ -155,7 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_demo)
 
     p = sub.add_parser("convert", help="convert a raw checkpoint into a servable directory")
-    p.add_argument("--checkpoint", required=True, type=Path, help="model.pt")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="model.pt (any torch.save file), a torch.distributed.checkpoint directory, a "
+        ".safetensors file, or a *.safetensors.index.json (or its directory)",
+    )
     p.add_argument("--train-config", required=True, type=Path, help="train_config.json")
     p.add_argument(
         "--tokenizer",
@@ -166,6 +230,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--max-shard-size", default="2GB", help="e.g. 2GB, 500MiB (default 2GB)")
+    p.add_argument(
+        "--ema", action="store_true", help="convert the EMA weights stored beside the live ones"
+    )
+    p.add_argument(
+        "--state-dict-key",
+        metavar="KEY",
+        help="dotted path to the state dict in the checkpoint, e.g. checkpoint.model "
+        "(default: found under model, state_dict, module or model_state_dict)",
+    )
+    p.add_argument(
+        "--strip-prefix",
+        metavar="PREFIX",
+        help="take the tensors named PREFIX..., without PREFIX (default: strip _orig_mod., "
+        "module. or model. when every name starts with it)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_convert)

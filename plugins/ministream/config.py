@@ -10,6 +10,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from ministream.train_config import HF_NAMES, size_problems
+
 MODEL_TYPE = "ministream"
 ARCHITECTURE = "MiniStreamForCausalLM"
 
@@ -58,6 +60,12 @@ class MiniStreamConfig(PretrainedConfig):
         self.hidden_act = hidden_act
         self.attention_bias = attention_bias
         self.mlp_bias = mlp_bias
+        # Refused here, when config.json is read, before vLLM allocates a single layer.
+        problems = size_problems(
+            {key: getattr(self, hf) for key, hf in HF_NAMES.items()}, names=HF_NAMES
+        )
+        if problems:
+            raise ValueError("invalid MiniStream config.json: " + "; ".join(problems))
         kwargs.setdefault("architectures", [ARCHITECTURE])
         super().__init__(
             bos_token_id=bos_token_id,

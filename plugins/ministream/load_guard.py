@@ -37,7 +37,7 @@ from ministream.shardset import (
     SHARDED_FORMATS,
     SHARDS_META_NAME,
     ShardSetInfo,
-    header_length,
+    checked_header_length,
     parse_safetensors_header,
     read_local_header,
     reshard_command,
@@ -103,19 +103,19 @@ class Location:
         path = Path(self.where) / name
         return path.read_text() if path.is_file() else None
 
-    def header(self, name: str) -> dict[str, Any]:
+    def header(self, name: str, size: int | None = None) -> dict[str, Any]:
+        """The safetensors header of `name`; with `size` (an S3 listing's), its offsets are
+        checked against the object's length too (a truncated object is refused)."""
         if not self.is_s3:
             return read_local_header(Path(self.where) / name)
         from ministream.s3 import read_bytes
 
         origin = f"{self.where}/{name}"
         first8 = read_bytes(self._client, self.url, name, "bytes=0-7") or b""
-        if len(first8) < 8:
-            raise ShardError(f"{origin}: too short to be a safetensors file")
-        rest = (
-            read_bytes(self._client, self.url, name, f"bytes=8-{7 + header_length(first8)}") or b""
-        )
-        return parse_safetensors_header(first8 + rest, origin)
+        # The claimed length is bounded before it becomes a range request.
+        length = checked_header_length(first8, origin, size)
+        rest = read_bytes(self._client, self.url, name, f"bytes=8-{7 + length}") or b""
+        return parse_safetensors_header(first8 + rest, origin, size)
 
 
 def check_before_load(vllm_config: Any) -> None:
@@ -190,7 +190,7 @@ def check_shard_set(
     _check_pin(info.source_model_hash, f"shard set {weights}")
     # Own files only: a rank never opens another rank's shard (the tests watch for it).
     for name in info.files_for_rank(rank):
-        meta = loc.header(name).get("__metadata__") or {}
+        meta = loc.header(name, sizes.get(name)).get("__metadata__") or {}
         made_for = (meta.get(HEADER_MODEL_HASH), meta.get(HEADER_TP_SIZE), meta.get(HEADER_RANK))
         if made_for != (info.source_model_hash, str(tp), str(rank)):
             raise ShardError(

@@ -16,6 +16,7 @@ from typing import Any
 
 from ministream.checkpoint import sha256_file
 from ministream.errors import CheckpointError
+from ministream.member_names import outside_names
 
 MANIFEST_NAME = "ministream_manifest.json"
 FORMAT_VERSION = 1
@@ -89,6 +90,14 @@ class Manifest:
             )
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{origin}: not a valid MiniStream manifest ({exc})") from None
+        if not isinstance(manifest.files, dict):
+            raise CheckpointError(f"{origin}: not a valid MiniStream manifest (files)")
+        bad = outside_names(manifest.files)
+        if bad:
+            raise CheckpointError(
+                f"{origin}: names paths outside the model directory: {', '.join(bad)}; "
+                "refusing to read or write them"
+            )
         if raw.get("model_hash") != manifest.model_hash:
             raise CheckpointError(f"{origin}: manifest model_hash does not match its file list")
         return manifest

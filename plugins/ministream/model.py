@@ -293,6 +293,8 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         every parameter this rank owns must have been written by a checkpoint tensor.
         """
         params = dict(self.named_parameters())
+        if self.quant_config is not None:
+            weights = self._map_cache_scales(weights)
         loaded: set[str] = set()
         shards: dict[str, set[str | int]] = {}
         unexpected: list[str] = []
@@ -302,10 +304,6 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
             if self.config.tie_word_embeddings and name == "lm_head.weight":
                 # Some exporters write the tied head anyway; the embedding is the source.
                 continue
-            if self.quant_config is not None and (
-                scale_name := self.quant_config.get_cache_scale(name)
-            ):
-                name = scale_name
             for param_name, hf_name, shard_id in STACKED_PARAMS_MAPPING:
                 if hf_name not in name:
                     continue
@@ -341,6 +339,23 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
                 loaded.add(target)
         self._check_coverage(params, loaded)
         return loaded
+
+    def _map_cache_scales(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """Checkpoint KV-cache scale names -> vLLM's, as the quant config defines them.
+
+        vLLM 0.25 and 0.32 give a whole-stream `get_cache_scale_mapper()` (their Llama
+        applies it through AutoWeightsLoader); older releases had a per-name
+        `get_cache_scale()`. Calling the old one on 0.25.1 failed every quantized load
+        (`--quantization fp8`, H200, issue 17).
+        """
+        quant_config = self.quant_config
+        mapper = getattr(quant_config, "get_cache_scale_mapper", None)
+        if mapper is not None:
+            return mapper().apply(weights)
+        per_name = quant_config.get_cache_scale
+        return ((per_name(name) or name, tensor) for name, tensor in weights)
 
     def _check_coverage(self, params: dict[str, nn.Parameter], loaded: set[str]) -> None:
         # KV-cache scales of the attention layers have defaults; every other parameter

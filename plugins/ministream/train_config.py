@@ -18,6 +18,58 @@ if TYPE_CHECKING:
     from ministream.config import MiniStreamConfig
 
 
+# Upper bounds of a config's sizes, checked before anything is allocated (issue 15: a
+# config.json with vocab_size 10^12 or 10^6 layers must be refused, not tried). Each is far
+# above any released model (vocab 256k, 126 layers, d_model 16k, d_ff 53k, 1M context).
+LIMITS: dict[str, int] = {
+    "vocab_size": 1 << 22,
+    "d_model": 1 << 16,
+    "n_layers": 1 << 10,
+    "n_heads": 1 << 10,
+    "n_kv_heads": 1 << 10,
+    "head_dim": 1 << 10,
+    "d_ff": 1 << 20,
+    "max_seq_len": 1 << 24,
+}
+MAX_PARAMETERS = 10**13  # 10 T: the shapes' product, beyond which no host could hold it
+
+# The same bounds under the Hugging Face config.json names (MiniStreamConfig).
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "d_ff": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+}
+
+
+def size_problems(sizes: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """What is wrong with a config's sizes (keys: our names; `names` maps them to the
+    names to report, e.g. HF_NAMES): not a positive integer, above LIMITS, or a parameter
+    count above MAX_PARAMETERS."""
+    shown = names or {k: k for k in LIMITS}
+    problems = []
+    for key, limit in LIMITS.items():
+        value = sizes.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{shown[key]} must be a positive integer, got {value!r}")
+        elif value > limit:
+            problems.append(f"{shown[key]}={value} is above the limit {limit}")
+    if problems:
+        return problems
+    d, hd, ff = sizes["d_model"], sizes["head_dim"], sizes["d_ff"]
+    attention = d * hd * (2 * sizes["n_heads"] + 2 * sizes["n_kv_heads"])
+    params = 2 * sizes["vocab_size"] * d + sizes["n_layers"] * (attention + 3 * d * ff)
+    if params > MAX_PARAMETERS:
+        problems.append(
+            f"the shapes imply {params:.3g} parameters, above the limit {MAX_PARAMETERS:.0e}"
+        )
+    return problems
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """`train_config.json` of the training framework (its own field names)."""
@@ -38,20 +90,7 @@ class TrainConfig:
     rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in (
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "n_kv_heads",
-            "head_dim",
-            "d_ff",
-            "vocab_size",
-            "max_seq_len",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
+        problems = size_problems({name: getattr(self, name) for name in LIMITS})
         if not problems and self.n_heads % self.n_kv_heads:
             problems.append(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if not self.norm_eps > 0:

@@ -47,7 +47,7 @@ def main() -> int:
     ministream.register()
     from vllm import LLM, SamplingParams
 
-    from ministream.golden import DEFAULT_PROMPTS, Completion
+    from ministream_reference.golden import DEFAULT_PROMPTS, Completion
 
     result: dict[str, Any] = {"model": args.model, "load_format": args.load_format}
     t0 = time.time()

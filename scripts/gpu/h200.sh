@@ -6,6 +6,15 @@
 #   bash scripts/gpu/h200.sh throughput "$OUT"  # plugin vs Llama side by side, both shapes
 #   bash scripts/gpu/h200.sh loaders "$OUT"  # cold start per loader + raw disk bandwidth
 #                                            # (LOADERS="sharded" for one; runai needs .whl carried)
+# Issue 17 (parity that reproduces, time to Ready, FP8), gpu-1b only:
+#   REFERENCE=1 PRESETS=gpu-1b bash scripts/gpu/h200.sh models "$OUT"  # + fp32 reference golden
+#   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
+#   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
+#     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64, each
+#     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
+#     DEADLINE=<epoch s> skips variants that could not finish before it
+#   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
+# Several steps in one call: STEPS="parity coldstart" bash scripts/gpu/h200.sh multi "$OUT".
 # PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
 # ROUNDS and THROUGHPUT_LIMIT (seconds per shape) size the throughput step (6, 280);
 # SKIP_REFERENCE=1 skips the loaders step's fp32 reference runs.
@@ -22,7 +31,7 @@ di=plugins/ministream_serving-0.0.0.dist-info
 mkdir -p $di
 printf 'Metadata-Version: 2.1\nName: ministream-serving\nVersion: 0.0.0\n' > $di/METADATA
 printf '[vllm.general_plugins]\nministream = ministream:register\n' > $di/entry_points.txt
-export PYTHONPATH=$PWD/plugins:${PYTHONPATH:-}
+export PYTHONPATH=$PWD/plugins:$PWD/devtools:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 
 probe() {  # name, timeout, args...
@@ -46,6 +55,16 @@ for root in sys.argv[1:]:
 PY
 }
 
+gpu_leftovers() {  # engine cores of a killed run of ours would hold GPU memory: end them
+  sleep 2
+  for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
+    echo "   leftover GPU process $p (ours): killing"; kill -9 "$p" 2>/dev/null
+  done
+}
+
+case "$step" in
+  parity|coldstart|fp8) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+esac
 case "$step" in
   models)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -57,14 +76,80 @@ case "$step" in
       rm -rf $M/raw-$preset
     done
     for preset in ${PRESETS:-seed gpu-1b}; do
-      python3 -c "from ministream.golden import as_llama; as_llama('$M/$preset', '$M/$preset-llama')"
+      python3 -c "from ministream_reference.golden import as_llama; as_llama('$M/$preset', '$M/$preset-llama')"
+      if [ "${REFERENCE:-0}" = 1 ]; then  # fp32 reference golden on the GPU (torch only)
+        python3 -m ministream_reference.golden --engine reference --device cuda \
+          --model $M/$preset --out $M/reference-$preset.json > "$out/reference-$preset.log" 2>&1
+        echo "reference $preset: exit $?"; cp $M/reference-$preset.json "$out/" 2>/dev/null
+      fi
     done
     du -sh $M/* ;;
+  multi)
+    for s in ${STEPS:?STEPS=\"parity coldstart ...\"}; do bash "$0" "$s" "$out"; done
+    exit 0 ;;
+  parity)
+    # vLLM's bytecode goes to a private prefix, so /tmp/site stays as shipped (no .pyc)
+    # for the cold-start step's "no precompiled bytecode" baseline.
+    echo "== forward parity ($(date +%T))"
+    PYTHONPYCACHEPREFIX=/tmp/pyc-parity timeout -k 10 ${PARITY_LIMIT:-330} python3 \
+      scripts/gpu/forward_parity.py --model $M/gpu-1b --out "$out/forward-parity.json" \
+      --budget-s ${PARITY_BUDGET:-120} --stop-after-s $(( ${PARITY_LIMIT:-330} - 45 )) --llm-args '{"dtype": "bfloat16", "max_model_len": 2560,
+      "gpu_memory_utilization": 0.25, "max_num_batched_tokens": 8192}' \
+      > "$out/forward-parity.log" 2>&1
+    echo "   exit $? ($(date +%T))"; grep -A12 "^[0-9]* rounds" "$out/forward-parity.log"
+    gpu_leftovers ;;
+  coldstart)
+    # Each variant: one server start -> /health -> chart warmup -> SIGTERM (cold_start.py).
+    # Caches live under /tmp/cc/<name>; "fresh" = empty, "seed:<name>" = a copy of another
+    # run's cache at a new path (compile artifacts shipped to a node, no shared PVC).
+    export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
+    # The API server needs packages the shared/gpu pack leaves out (it was made for
+    # vllm.LLM): uvicorn, watchfiles, prometheus-fastapi-instrumentator, python-multipart,
+    # model-hosting-container-standards (+ jmespath, supervisor). Carry them as .whl/.
+    if compgen -G '.whl/*.whl' >/dev/null && ! python3 -c "import uvicorn" 2>/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    fi
+    for v in ${COLD:?COLD=\"variant ...\"}; do
+      if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${COLD_LIMIT:-200} )) -gt "$DEADLINE" ]; then
+        echo "skipped $v: too close to DEADLINE"; continue
+      fi
+      case ${v%-pyc} in  # NAME-pyc: the same run, named for after the `pyc` step
+        vllm-fresh)  a=(--mode vllm-defaults --cache-root /tmp/cc/vllm --fresh-cache) ;;
+        vllm-warm)   a=(--mode vllm-defaults --cache-root /tmp/cc/vllm) ;;
+        chart-fresh) a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache) ;;
+        chart-warm)  a=(--mode chart --cache-root /tmp/cc/chart) ;;
+        pyc)  # precompile vLLM's bytecode into the install, as an image build step would
+          t=$SECONDS; python3 -m compileall -q -j 16 /tmp/site > "$out/compileall.log" 2>&1
+          echo "compileall: exit $? in $((SECONDS - t)) s" | tee -a "$out/compileall.log"; continue ;;
+        chart-seeded)  # compile_cache.py: pack chart's cache, check + unpack it elsewhere
+          python3 scripts/compile_cache.py pack --cache-root /tmp/cc/chart --model $M/gpu-1b \
+            --out /tmp/cc/chart.tar > "$out/compile-cache-pack.json" 2>&1
+          rm -rf /tmp/cc/seeded; python3 scripts/compile_cache.py unpack --archive /tmp/cc/chart.tar \
+            --cache-root /tmp/cc/seeded --model $M/gpu-1b > "$out/compile-cache-unpack.json" 2>&1
+          grep -h '"seeded"\|"bytes"\|"seconds"' "$out"/compile-cache-*.json
+          a=(--mode chart --cache-root /tmp/cc/seeded) ;;
+        chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
+                           --extra-arg=--max-cudagraph-capture-size=64) ;;
+        *) echo "unknown variant $v"; continue ;;
+      esac
+      timeout ${COLD_LIMIT:-200} python3 scripts/gpu/cold_start.py run --name "$v${SUFFIX:-}" \
+        --model $M/gpu-1b --out "$out/cold" --timeout $(( ${COLD_LIMIT:-200} - 15 )) "${a[@]}"
+    done
+    python3 scripts/gpu/cold_start.py table "$out/cold" ;;
+  fp8)
+    echo "== fp8 vs bf16 ($(date +%T))"
+    # Both variants compile from an empty cache, so their engine start compares like for like.
+    rm -rf /tmp/cc/fp8cmp; VLLM_CACHE_ROOT=/tmp/cc/fp8cmp TRITON_CACHE_DIR=/tmp/cc/fp8cmp/triton \
+    PYTHONPYCACHEPREFIX=/tmp/pyc-parity timeout -k 10 ${FP8_LIMIT:-240} python3 \
+      scripts/gpu/fp8_compare.py --model $M/gpu-1b --reference $M/reference-gpu-1b.json \
+      --out "$out/fp8-compare.json" --rounds ${FP8_ROUNDS:-6} > "$out/fp8-compare.log" 2>&1
+    echo "   exit $? ($(date +%T))"; tail -25 "$out/fp8-compare.log"
+    gpu_leftovers ;;
   bench)
     { nvidia-smi; python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__)"; } > "$out/env.txt" 2>&1
     cat "$out/env.txt" | tail -1
     for preset in seed gpu-1b; do
-      python3 -m ministream.golden --engine reference --device cuda --model $M/$preset \
+      python3 -m ministream_reference.golden --engine reference --device cuda --model $M/$preset \
         --out "$out/reference-$preset.json" > "$out/reference-$preset.log" 2>&1
       probe plugin-$preset 240 --model $M/$preset --golden
       probe llama-$preset 240 --model $M/$preset-llama --golden
@@ -82,7 +167,7 @@ case "$step" in
   loaders)
     for preset in ${PRESETS:-seed gpu-1b}; do  # cheap: the reference model on the GPU, fp32
       [ "${SKIP_REFERENCE:-0}" = 1 ] && break
-      python3 -m ministream.golden --engine reference --device cuda --model $M/$preset \
+      python3 -m ministream_reference.golden --engine reference --device cuda --model $M/$preset \
         --out "$out/reference-$preset.json" > "$out/reference-$preset.log" 2>&1
     done
     if compgen -G '.whl/*.whl' >/dev/null; then  # runai-model-streamer, for LOADERS=runai
@@ -115,4 +200,7 @@ PY
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 # At most 8 files come back from the machine: pack the step's results into one.
-tar -czf "/tmp/results-$step.tgz" -C "$out" . && rm -f "$out"/* && mv "/tmp/results-$step.tgz" "$out/"
+# Each step packs what it wrote (earlier steps' archives stay as they are).
+tar -czf "/tmp/results-$step.tgz" -C "$out" --exclude='./results-*.tgz' . &&
+  find "$out" -mindepth 1 -maxdepth 1 ! -name 'results-*.tgz' -exec rm -rf {} + &&
+  mv "/tmp/results-$step.tgz" "$out/"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ministream.golden import Completion, compare
+from ministream_reference.golden import Completion, compare
 
 BF16_ATOL = 0.15
 

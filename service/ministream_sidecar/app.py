@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .api import build_router
@@ -86,6 +89,7 @@ def create_app(
                 "vllm_url": app_settings.vllm_url,
                 "model": app_settings.model_name or None,
                 "token_configured": app_settings.token is not None,
+                "control_from_network": app_settings.control_from_network,
                 "version": __version__,
             },
         )
@@ -111,8 +115,95 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    app.include_router(build_router(guarded=app_settings.token is not None))
+    app.add_middleware(BodyLimit, max_bytes=app_settings.max_request_body_bytes)
+    app.include_router(
+        build_router(
+            guarded=app_settings.token is not None,
+            local_only=not app_settings.control_from_network,
+        )
+    )
     return app
+
+
+# A header block larger than this is refused (h11 answers 400 and closes) instead of being
+# buffered: uvicorn's default httptools parser keeps every header of a flood in memory
+# (measured: 20 MB of headers grew the sidecar's RSS by 24 MB; issue 15).
+MAX_HEADER_BYTES = 16 * 1024
+
+
+def server_options() -> dict[str, Any]:
+    """uvicorn options that bound what one client can make the sidecar hold."""
+    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES}
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body above `max_bytes` (no endpoint takes one).
+    A declared Content-Length is refused before a byte of the body is read; a chunked body
+    is counted as the app reads it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = int(value) if value.isdigit() else -1
+                if not 0 <= declared <= self.max_bytes:
+                    await self._reject(send)
+                    return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "type": "body_too_large",
+                    "message": f"request bodies are limited to {self.max_bytes} bytes",
+                    "details": {},
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
 
 def process_start_time() -> float:

@@ -81,7 +81,7 @@ class Drainer:
         assert self._started is not None
         began = time.monotonic()
         deadline = began + timeout
-        not_before = self._started + s.drain_grace_seconds
+        not_before = self._started + s.drain_min_seconds
         model = self._state.model or s.model_name or None
         last: RequestCounts | None = None
         last_error: str | None = None

@@ -29,6 +29,12 @@ class TokenInvalid(SidecarError):
     code = "token_invalid"
 
 
+class ControlNotLocal(SidecarError):
+    """A control endpoint was called from the network while only local peers may call it."""
+
+    code = "control_not_local"
+
+
 class UpstreamUnavailable(SidecarError):
     """vLLM could not be reached or answered /health with an error."""
 

@@ -5,10 +5,12 @@
 
 Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script
 is broken, DESIGN §8) and `python -m ministream_sidecar`, each in its own session so that a
-terminal's Ctrl-C reaches only this launcher. On SIGINT or SIGTERM it drains through the
-sidecar (POST /drain), then sends SIGTERM to vLLM (which got `--shutdown-timeout`), then
-stops the sidecar. A second signal skips what is left of the drain. If vLLM or the sidecar
-dies on its own, the other is stopped and the exit status is non-zero.
+terminal's Ctrl-C reaches only this launcher (`processes.Child`, the lifecycle the rollout
+experiment's pods use too). On SIGINT or SIGTERM it drains through the sidecar with
+`client.drain`, the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which
+got `--shutdown-timeout`), then stops the sidecar. A second signal skips what is left of the
+drain. If vLLM or the sidecar dies on its own, the other is stopped and the exit status is
+non-zero.
 
 This module imports neither torch nor vLLM: vLLM runs in its own process.
 """
@@ -16,26 +18,25 @@ This module imports neither torch nor vLLM: vLLM runs in its own process.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from pydantic import ValidationError
 
-from .settings import ENV_PREFIX, SidecarSettings
+from . import client
+from .client import ENV_PREFIX
+from .processes import Child
+from .settings import SidecarSettings
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30  # seconds vLLM lets in-flight requests finish after SIGTERM
 _POLL_SECONDS = 0.5
 _SIDECAR_STOP_SECONDS = 10.0
+_VLLM_STOP_MARGIN_SECONDS = 15.0  # beyond --shutdown-timeout, for vLLM's own teardown
 
 
 class _ForceStop(Exception):
@@ -139,9 +140,9 @@ def _say(message: str) -> None:
 class Launcher:
     def __init__(self, args: UpArgs) -> None:
         self.args = args
-        self.vllm: subprocess.Popen[bytes] | None = None
-        self.sidecar: subprocess.Popen[bytes] | None = None
         self.vllm_cmd = vllm_command(args)
+        self.vllm: Child | None = None
+        self.sidecar: Child | None = None
         self.signals: list[int] = []
         host = _local(args.host)
         self.api_url = f"http://{host}:{args.port}"
@@ -165,7 +166,9 @@ class Launcher:
             self._stop_all(drain=False)
             return 0
         finally:
-            self._kill_leftovers()
+            for child in (self.vllm, self.sidecar):
+                if child is not None:
+                    child.kill_group()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -178,19 +181,16 @@ class Launcher:
         except ValidationError as exc:
             _say(f"invalid MINISTREAM_SIDECAR_* settings:\n{exc}")
             return 2
-        cmd = self.vllm_cmd
-        self.vllm = subprocess.Popen(cmd, env=env, start_new_session=True)
-        _say(f"vLLM pid {self.vllm.pid}: {' '.join(cmd)}")
+        self.vllm = Child("vLLM", self.vllm_cmd, env).start()
+        _say(f"vLLM pid {self.vllm.pid}: {' '.join(self.vllm_cmd)}")
         sidecar_env = {
             **env,
             f"{ENV_PREFIX}HOST": self.args.host,
             f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
             f"{ENV_PREFIX}VLLM_URL": self.api_url,
         }
-        self.sidecar = subprocess.Popen(
-            [sys.executable, "-m", "ministream_sidecar"], env=sidecar_env, start_new_session=True
-        )
-        _say(f"sidecar pid {self.sidecar.pid}")
+        self.sidecar = Child("sidecar", [sys.executable, "-m", "ministream_sidecar"], sidecar_env)
+        _say(f"sidecar pid {self.sidecar.start().pid}")
         _say(
             f"OpenAI API at {self.api_url}/v1 (ready when {self.sidecar_url}/readyz says 200); "
             f"metrics: {self.api_url}/metrics (vLLM), {self.sidecar_url}/metrics (sidecar)"
@@ -198,15 +198,12 @@ class Launcher:
         announced = False
         started = time.monotonic()
         while not self.signals:
-            if (rc := self.vllm.poll()) is not None:
-                _say(f"vLLM exited with status {rc}; stopping the sidecar")
-                self._stop_all(drain=False)
-                return rc if rc != 0 else 1
-            if (rc := self.sidecar.poll()) is not None:
-                _say(f"the sidecar exited with status {rc}; stopping vLLM")
-                self._stop_all(drain=False)
-                return rc if rc != 0 else 1
-            if not announced and self._ready():
+            for child, other in ((self.vllm, "the sidecar"), (self.sidecar, "vLLM")):
+                if (rc := child.returncode) is not None:
+                    _say(f"{child.name} exited with status {rc}; stopping {other}")
+                    self._stop_all(drain=False)
+                    return rc if rc != 0 else 1
+            if not announced and client.ready(self.sidecar_url):
                 announced = True
                 _say(
                     f"ready after {time.monotonic() - started:.1f}s: "
@@ -217,66 +214,27 @@ class Launcher:
         self._stop_all(drain=True, drain_timeout=settings.drain_timeout_seconds)
         return 0
 
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.sidecar_url}/readyz", timeout=2) as response:
-                return bool(response.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
     # --- stopping ------------------------------------------------------------------------
     def _stop_all(self, *, drain: bool, drain_timeout: float = 0.0) -> None:
-        if drain and _alive(self.sidecar) and _alive(self.vllm):
-            self._drain(drain_timeout)
+        both_alive = all(c is not None and c.alive for c in (self.vllm, self.sidecar))
+        if drain and both_alive:
+            token = os.environ.get(f"{ENV_PREFIX}TOKEN") or None
+            result = client.drain(self.sidecar_url, timeout=drain_timeout, token=token)
+            if result.ok:
+                _say(f"drain: {result.body}")
+            else:
+                _say(f"drain failed ({result.status}: {result.error}); stopping anyway")
         if self.vllm is not None:
-            _terminate(self.vllm, "vLLM", shutdown_timeout(self.vllm_cmd) + 15.0)
+            _stop(self.vllm, shutdown_timeout(self.vllm_cmd) + _VLLM_STOP_MARGIN_SECONDS)
         if self.sidecar is not None:
-            _terminate(self.sidecar, "sidecar", _SIDECAR_STOP_SECONDS)
-
-    def _drain(self, timeout: float) -> None:
-        headers = {}
-        token = os.environ.get(f"{ENV_PREFIX}TOKEN")
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(
-            f"{self.sidecar_url}/drain", method="POST", headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout + 10) as response:
-                _say(f"drain: {json.loads(response.read())}")
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            _say(f"drain failed ({exc}); stopping anyway")
-
-    def _kill_leftovers(self) -> None:
-        for proc in (self.vllm, self.sidecar):
-            if proc is not None and proc.poll() is None:
-                _killpg(proc, signal.SIGKILL)
-                proc.wait()
+            _stop(self.sidecar, _SIDECAR_STOP_SECONDS)
 
 
-def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
-    return proc is not None and proc.poll() is None
-
-
-def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-    # Each child leads its own session (start_new_session), so its group id is its pid;
-    # the group also holds vLLM's engine-core process.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _terminate(proc: subprocess.Popen[bytes], name: str, grace: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            _say(f"{name} did not stop within {grace:.0f}s; killing it")
-            _killpg(proc, signal.SIGKILL)
-            proc.wait()
-    # Reap anything the leader left behind in its group (vLLM's engine core, if orphaned).
-    _killpg(proc, signal.SIGKILL)
-    _say(f"{name} stopped (status {proc.returncode})")
+def _stop(child: Child, grace: float) -> None:
+    status = child.stop(grace)
+    if child.killed:
+        _say(f"{child.name} did not stop within {grace:.0f}s; killed it")
+    _say(f"{child.name} stopped (status {status})")
 
 
 def main(argv: list[str]) -> int:

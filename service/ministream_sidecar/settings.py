@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ENV_PREFIX = "MINISTREAM_SIDECAR_"
+from .client import ENV_PREFIX
 
 
 class SidecarSettings(BaseSettings):
@@ -32,7 +32,18 @@ class SidecarSettings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Bind address of the sidecar's HTTP server.")
     token: SecretStr | None = Field(
         default=None,
-        description="Bearer token guarding POST /warmup and POST /drain (unset: open).",
+        description="Bearer token guarding POST /warmup and POST /drain (unset: no token; "
+        "they still answer only local peers unless control_from_network).",
+    )
+    control_from_network: bool = Field(
+        default=False,
+        description="Let POST /warmup and POST /drain answer peers other than loopback (and "
+        "the pod calling itself on its own address). Off: 403 for everyone else.",
+    )
+    max_request_body_bytes: int = Field(
+        default=65536,
+        ge=0,
+        description="Largest request body accepted (413 above it); no endpoint needs one.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
@@ -43,6 +54,16 @@ class SidecarSettings(BaseSettings):
     )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer sent to vLLM (its --api-key), if it has one."
+    )
+    api_key_required: bool = Field(
+        default=False,
+        description="Refuse to start without a non-blank api_key (the chart sets it while "
+        "apiKey.enabled: an empty key in the Secret would let vLLM serve open).",
+    )
+    token_required: bool = Field(
+        default=False,
+        description="Refuse to start without a non-blank token (the chart sets it while "
+        "sidecar.token.existingSecret is set).",
     )
 
     # --- health ----------------------------------------------------------------------------
@@ -94,7 +115,7 @@ class SidecarSettings(BaseSettings):
         ge=1,
         description="Consecutive idle scrapes (0 running, 0 waiting) that end a drain.",
     )
-    drain_grace_seconds: float = Field(
+    drain_min_seconds: float = Field(
         default=0.0,
         ge=0,
         description="Minimum time a drain waits after going unready, so that endpoint "
@@ -134,7 +155,16 @@ class SidecarSettings(BaseSettings):
     def _empty_secret_is_none(cls, value: object) -> object:
         # A chart renders unset secrets as empty strings; empty must mean "not configured",
         # never "the empty string is the token".
-        return None if value == "" else value
+        if value == "":
+            return None
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(raw, str) and (not raw.strip() or raw != raw.strip()):
+            # A Secret written with `echo` carries a newline; one of spaces is no secret.
+            raise ValueError(
+                "is blank or has leading/trailing whitespace; refusing to start with it "
+                "(fix the Secret: `printf %s KEY`, not `echo KEY`)"
+            )
+        return value
 
     @field_validator(
         "pod_name", "pod_namespace", "pod_uid", "kubernetes_service_host", mode="before"
@@ -142,6 +172,22 @@ class SidecarSettings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _required_secrets(self) -> SidecarSettings:
+        # Checked at start: a pod whose Secret holds an empty key must not come up serving
+        # an open API (vLLM treats an empty VLLM_API_KEY as "no key").
+        if self.api_key_required and self.api_key is None:
+            raise ValueError(
+                "api_key_required is set but MINISTREAM_SIDECAR_API_KEY is empty or unset "
+                "(check the apiKey Secret)"
+            )
+        if self.token_required and self.token is None:
+            raise ValueError(
+                "token_required is set but MINISTREAM_SIDECAR_TOKEN is empty or unset "
+                "(check the sidecar.token Secret)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _backoff_order(self) -> SidecarSettings:

@@ -1,18 +1,27 @@
 """Assertions per concern on the objects every CI scenario renders.
 
-Each test reads the rendered objects and the values the scenario set, and recomputes what
-the chart must have derived (TP everywhere, startup budget, grace period) independently.
+Each test reads the rendered objects and the values the scenario set, and checks what the
+chart must have derived (TP everywhere, startup budget) or the property a derived number
+must have (the grace period covers the whole shutdown, read from the rendered pod).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from chartkit import CHART, Rendered, render
+import pytest
+from chartkit import CHART, HelmError, Rendered, render
+
+from ministream_sidecar import client
 
 SHARDED = {"shardedState", "runaiStreamerSharded"}
 S3_MODES = {"runaiStreamer", "runaiStreamerSharded"}
@@ -185,9 +194,16 @@ def test_s3_settings_reach_vllm_and_shard_preparation(rendered: Rendered, values
         )
         assert env_value(c, "RUNAI_STREAMER_CONCURRENCY") == str(s3["concurrency"])
         assert env_value(c, "RUNAI_STREAMER_MEMORY_LIMIT") == str(s3["memoryLimit"])
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            ref = e[name]["valueFrom"]["secretKeyRef"]
-            assert ref["name"] == s3["credentials"]["existingSecret"]
+        if s3["credentials"]["existingSecret"]:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                ref = e[name]["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == s3["credentials"]["existingSecret"]
+            assert env_value(c, "AWS_EC2_METADATA_DISABLED") == "true"
+        else:
+            # Workload identity: no keys, instance metadata left on (GKE, EC2 identities).
+            assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(e)
+            assert "AWS_EC2_METADATA_DISABLED" not in e
+            assert env_value(c, "RUNAI_STREAMER_NO_BOTO3_SESSION") == "0"
         ca = s3["caBundle"]
         if ca["configMapName"] or ca["secretName"]:
             bundle = need(env_value(c, "AWS_CA_BUNDLE"))
@@ -246,28 +262,84 @@ def test_startup_budget_follows_mode_and_size(rendered: Rendered, values: dict) 
 # ---------------------------------------------------------------- drain and grace
 
 
-def test_drain_and_grace_period_arithmetic(rendered: Rendered, values: dict) -> None:
+def prestop_command(spec: dict[str, Any]) -> list[str]:
+    return list(container(spec, "vllm")["lifecycle"]["preStop"]["exec"]["command"])
+
+
+def test_grace_period_covers_the_whole_shutdown(rendered: Rendered) -> None:
+    """The kubelet never kills a pod that is still draining or finishing requests: the grace
+    period covers the preStop hook's longest wait (the drain timeout it hands the client,
+    plus the client's own HTTP slack) and vLLM's --shutdown-timeout after SIGTERM. Every
+    number is read from the rendered pod and the client, none from values."""
     spec = pod_spec(rendered)
-    drain = values["sidecar"]["drainTimeoutSeconds"]
-    shutdown = values["vllm"]["shutdownTimeoutSeconds"]
-    margin = values["shutdown"]["marginSeconds"]
-    grace = spec["terminationGracePeriodSeconds"]
-    assert grace >= drain + shutdown + margin
-    if values["terminationGracePeriodSeconds"] is None:
-        assert grace == drain + shutdown + margin
-    else:
-        assert grace == values["terminationGracePeriodSeconds"]
     sidecar, vllm = container(spec, "sidecar"), container(spec, "vllm")
-    assert env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_TIMEOUT_SECONDS") == str(drain)
+    hook = prestop_command(spec)
+    assert hook[:4] == ["python3", "-m", "ministream_sidecar.client", "drain"]
+    hook_timeout = float(need(arg({"args": hook}, "--timeout")))
+    # The hook waits as long as the sidecar's own drain may take, and no less.
+    assert hook_timeout == float(
+        need(env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_TIMEOUT_SECONDS"))
+    )
     # The drain's minimum wait (endpoint propagation) is inside the drain timeout.
-    assert float(need(env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_GRACE_SECONDS"))) <= drain
-    hook = vllm["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[:2] == ["python3", "-c"]
-    script = hook[2]
-    assert "http://127.0.0.1:8081/drain" in script and 'method="POST"' in script
-    # The client waits a little longer than the sidecar's own drain timeout.
-    assert int(need(re.search(r"timeout=(\d+)", script)).group(1)) > drain
-    compile(script, "preStop", "exec")  # the hook is valid Python
+    assert float(need(env_value(sidecar, "MINISTREAM_SIDECAR_DRAIN_MIN_SECONDS"))) <= hook_timeout
+    shutdown = float(need(arg(vllm, "--shutdown-timeout")))
+    assert spec["terminationGracePeriodSeconds"] >= (
+        hook_timeout + client.DRAIN_HTTP_SLACK_SECONDS + shutdown
+    )
+
+
+def test_default_grace_period_is_the_least_the_chart_accepts(scenario: Path, values: dict) -> None:
+    """Left null, the grace period is the minimum: one second less is refused, naming it."""
+    grace = pod_spec(render(scenario))["terminationGracePeriodSeconds"]
+    if values["terminationGracePeriodSeconds"] is not None:
+        assert grace == values["terminationGracePeriodSeconds"]
+        return
+    explicit = render(scenario, terminationGracePeriodSeconds=grace)
+    assert pod_spec(explicit)["terminationGracePeriodSeconds"] == grace
+    with pytest.raises(HelmError, match=f"terminationGracePeriodSeconds >= {grace}"):
+        render(scenario, terminationGracePeriodSeconds=grace - 1)
+
+
+class _FakeSidecar(BaseHTTPRequestHandler):
+    calls: ClassVar[list[tuple[str, str, str | None]]] = []
+
+    def do_POST(self) -> None:
+        self.calls.append(("POST", self.path, self.headers.get("Authorization")))
+        body = json.dumps({"outcome": "idle", "duration_seconds": 0.1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_prestop_hook_drains_through_the_sidecar(tmp_path: Path) -> None:
+    """The rendered hook, run as the kubelet would (python3 swapped for this interpreter, the
+    image's own python3), POSTs /drain with the token and reports the sidecar's answer."""
+    hook = prestop_command(pod_spec(render(CHART / "ci" / "local-tp1-values.yaml")))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeSidecar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, *hook[1:]],
+            env={
+                **os.environ,
+                "MINISTREAM_SIDECAR_PORT": str(server.server_address[1]),
+                "MINISTREAM_SIDECAR_TOKEN": "s3cret",
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    assert _FakeSidecar.calls == [("POST", "/drain", "Bearer s3cret")]
+    assert json.loads(proc.stdout)["drain"]["body"]["outcome"] == "idle"
 
 
 def test_sidecar_outlives_vllm_during_drain(rendered: Rendered) -> None:
@@ -299,7 +371,8 @@ def test_secrets_only_by_reference(rendered: Rendered, values: dict) -> None:
     for spec in all_pod_specs(rendered):
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             for e in c.get("env", []):
-                if sensitive.search(e["name"]):
+                # *_REQUIRED are the sidecar's "refuse to start without it" switches.
+                if sensitive.search(e["name"]) and not e["name"].endswith("_REQUIRED"):
                     assert "value" not in e, f"{c['name']}: {e['name']} set literally"
                     assert "secretKeyRef" in e["valueFrom"], e
     vllm = container(pod_spec(rendered), "vllm")
@@ -386,12 +459,16 @@ def test_rbac_is_minimal_and_switchable(rendered: Rendered, values: dict) -> Non
 
 
 def test_rollout_mode(rendered: Rendered, values: dict) -> None:
+    """The mode's preset, each field overridden by an explicit rollout.maxSurge/maxUnavailable."""
     strategy = rendered.one("Deployment")["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
     expected = {
         "surge": {"maxSurge": 1, "maxUnavailable": 0},
         "inPlace": {"maxSurge": 0, "maxUnavailable": 1},
     }[values["rollout"]["mode"]]
+    for key in expected:
+        if values["rollout"][key] is not None:
+            expected[key] = values["rollout"][key]
     assert strategy["rollingUpdate"] == expected
 
 
@@ -432,7 +509,7 @@ def test_network_policy(rendered: Rendered, values: dict) -> None:
     policies = rendered.of_kind("NetworkPolicy")
     assert bool(policies) == values["networkPolicy"]["enabled"]
     for policy in policies:
-        ports = sorted(r["ports"][0]["port"] for r in policy["spec"]["ingress"])
+        ports = sorted({p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]})
         assert ports == [8000, 8081]
         selector = rendered.one("Deployment")["spec"]["selector"]["matchLabels"]
         assert policy["spec"]["podSelector"]["matchLabels"] == selector

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from chartkit import Rendered
 
+from ministream_sidecar.settings import ENV_PREFIX, SidecarSettings
+
 PINNED_VLLM = "0.32.0"
 
 
@@ -60,10 +62,7 @@ def test_vllm_accepts_the_rendered_command_line(rendered: Rendered, values: dict
 def test_sidecar_accepts_the_rendered_environment(
     rendered: Rendered, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings_mod = pytest.importorskip(
-        "ministream_sidecar.settings", reason="the sidecar package is not installed yet"
-    )
-    prefix, cls = settings_mod.ENV_PREFIX, settings_mod.SidecarSettings
+    prefix, cls = ENV_PREFIX, SidecarSettings
     sidecar = _containers(rendered)["sidecar"]
     ours = [e for e in sidecar["env"] if e["name"].startswith(prefix)]
     unknown = [e["name"] for e in ours if e["name"][len(prefix) :].lower() not in cls.model_fields]

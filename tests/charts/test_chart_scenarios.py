@@ -3,7 +3,8 @@
 Core kinds are validated by kubernetes-validate (strict: unknown fields fail) for each
 supported Kubernetes version. The prometheus-operator kinds have no schema there; they are
 parsed by the models generated from the operator's CRDs (cloudcoil), and any field those
-models do not know fails too.
+models do not know fails too. KEDA's ScaledObject, the InferencePool and the HTTPRoute are
+validated against their upstream CRDs, vendored in tests/charts/crds (crdkit.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import crdkit
 import kubernetes_validate
 import pytest
 from chartkit import (
@@ -42,6 +44,10 @@ def test_every_required_configuration_has_a_scenario() -> None:
     assert any("type: cpu" in v for v in values)
     assert any("serviceMonitor:\n    enabled: true" in v for v in values)
     assert any("monitoring:" not in v for v in values)
+    # Fleet scale (issue 14): autoscaled, gateway-routed, zone-spread (the chart's default).
+    assert any("autoscaling:\n  enabled: true" in v for v in values)
+    assert any("gateway:\n  enabled: true" in v for v in values)
+    assert any("autoscaling:" not in v for v in values)
 
 
 def scenario_values_text(path: Path) -> str:
@@ -66,7 +72,7 @@ def test_rendered_objects_validate_against_kubernetes(
 ) -> None:
     errors = []
     for doc in rendered.docs:
-        if doc["kind"] in MONITORING_KINDS:
+        if doc["kind"] in MONITORING_KINDS | crdkit.KINDS:
             continue
         try:
             kubernetes_validate.validate(doc, kube_version, strict=True)
@@ -97,9 +103,21 @@ def test_only_known_kinds_are_rendered(rendered: Rendered) -> None:
         "Pod",
         "ConfigMap",
         "PersistentVolumeClaim",
+        "HorizontalPodAutoscaler",
         *MONITORING_KINDS,
+        *crdkit.KINDS,
     }
     assert rendered.kinds() <= known
+
+
+def test_custom_resources_validate_against_upstream_crds(rendered: Rendered) -> None:
+    errors = [
+        f"{doc['kind']}/{doc['metadata']['name']}: {e}"
+        for doc in rendered.docs
+        if doc["kind"] in crdkit.KINDS
+        for e in crdkit.validate(doc)
+    ]
+    assert not errors, "\n".join(errors)
 
 
 def validate_monitoring(doc: dict[str, Any]) -> list[str]:
@@ -159,4 +177,8 @@ def test_notes_render(scenario_file: Path) -> None:
     values = scenario_values(scenario_file)
     assert f"tensor-parallel size {values['tensorParallelSize'] or 1}" in notes
     assert f"Rollout:   {values['rollout']['mode']}" in notes
+    if values["autoscaling"]["enabled"]:
+        assert f"Scaling:   {values['autoscaling']['engine']}" in notes
+    else:
+        assert f"Replicas:  {values['replicaCount']} (fixed" in notes
     assert "helm test ms -n serving" in notes

@@ -1,8 +1,9 @@
 """Session fixtures for the loading paths: a real S3 server, the model there, shard sets.
 
-The S3 server is moto in server mode (`tests/support/s3_server.py`), a separate process on
+The S3 server is moto in server mode (`ministream_testkit/s3_server.py`), a separate process on
 127.0.0.1, with signature and IAM checks on, stopped by PID at teardown. Each expensive
-artefact (upload, shard run, local TP=1 serve) is made once per session and shared.
+artefact (upload, shard run) is made once per session and shared; the local TP=1 load is
+the session's shared `vllm_server` (tests/conftest.py), which serves this model.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ministream.convert import convert
-from ministream.demo import write_demo_checkpoint
-from tests.loading.helpers import Served, serve
+from ministream_testkit.s3_server import S3Server
+from ministream_testkit.vllm_server import VLLMServer
+from tests.loading.helpers import PROMPTS, Served, complete
 from tests.support.models import ModelFactory
-from tests.support.s3_server import S3Server
 
 BUCKET = "models"
 
@@ -68,31 +68,16 @@ def run_cli(
     return proc
 
 
-def convert_split(raw: Path, out: Path) -> Path:
-    """float32 tiny model in three safetensors files, so one can go missing 'in the middle'."""
-    convert(
-        raw / "model.pt",
-        raw / "train_config.json",
-        raw / "tokenizer",
-        out,
-        dtype="float32",
-        max_shard_size="600KB",
-        progress=False,
-    )
-    return out
+@pytest.fixture(scope="session")
+def model_dir(tiny_model_dir: Path) -> Path:
+    """The session's tiny model (three safetensors files), the one `vllm_server` serves."""
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session")
-def model_dir(models: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return convert_split(models.raw("tiny"), tmp_path_factory.mktemp("loading") / "tiny")
-
-
-@pytest.fixture(scope="session")
-def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def other_model_dir(models: ModelFactory) -> Path:
     """Same preset and shapes, other weights (seed 1): shards of it load without complaint."""
-    root = tmp_path_factory.mktemp("other")
-    write_demo_checkpoint("tiny", root / "raw", seed=1)
-    return convert_split(root / "raw", root / "tiny-seed1")
+    return models.converted("tiny", "float32", seed=1, split=True)
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +122,8 @@ def shards_tp2_url(s3_env: dict[str, str], model_url: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def baseline(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Served:
-    """The local TP=1 load every other path must match."""
-    return serve(str(model_dir), tmp_path_factory.mktemp("logs") / "local-tp1.log")
+def baseline(vllm_server: VLLMServer, model_dir: Path) -> Served:
+    """The local TP=1 load every other path must match: the session's shared server, which
+    serves `model_dir` with the same engine arguments as `serve` (no engine of its own)."""
+    assert Path(vllm_server.model) == model_dir
+    return Served([complete(vllm_server, prompt) for prompt in PROMPTS])

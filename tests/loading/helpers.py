@@ -1,7 +1,7 @@
 """Helpers for the loading-path tests: serve once, read greedy tokens, measure per-rank reads.
 
 Every path is checked through what a user gets: a real `vllm.entrypoints.openai.api_server`
-process (tests/support/vllm_server.py), greedy completions over the OpenAI API, compared
+process (ministream_testkit/vllm_server.py), greedy completions over the OpenAI API, compared
 with `ministream.golden.compare` against the local TP=1 load.
 
 Which rank reads what (local files), two measurements:
@@ -22,7 +22,6 @@ import os
 import select
 import struct
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +29,15 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ministream.golden import DEFAULT_PROMPTS, Completion, compare
-from tests.support.vllm_server import VLLMServer
+from ministream_reference.golden import DEFAULT_PROMPTS, Completion, compare
+from ministream_testkit.net import answers
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer
+from ministream_testkit.waiting import wait_until
 
 PROMPTS = [list(p) for p in DEFAULT_PROMPTS]
 MAX_TOKENS = 16
 ATOL = 2e-3  # float32: TP=1 vs TP=2 differ only by summation order
-BASE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager")
+BASE_ARGS = TINY_ENGINE_ARGS  # as the session's `vllm_server`, the baseline every path matches
 # Engine starts take ~1 min on an idle 2-core box and >7 min when other engineers' engines
 # share it (load average 25 seen): generous limits, so only a real hang fails.
 START_TIMEOUT = 1800.0
@@ -130,8 +131,11 @@ class OpenWatch:
         return self
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        # Events are queued when a file is opened; after `stop`, read until the queue is empty.
+        while True:
             if not select.select([self._fd], [], [], 0.2)[0]:
+                if self._stop.is_set():
+                    return
                 continue
             data = os.read(self._fd, 65536)
             offset = 0
@@ -143,7 +147,6 @@ class OpenWatch:
                 offset += length
 
     def __exit__(self, *exc: object) -> None:
-        time.sleep(0.3)  # let queued events drain
         self._stop.set()
         self._thread.join()
         os.close(self._fd)
@@ -192,20 +195,20 @@ def expect_start_failure(
         env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
     )
     server.start()
-    assert server.process is not None
-    deadline = time.monotonic() + timeout
+
+    def exited_without_serving() -> bool:
+        assert server.process is not None
+        if server.process.poll() is not None:
+            return True
+        healthy = answers(f"{server.url}/health")
+        assert not healthy, "the server became healthy: it serves a broken model"
+        return False
+
     try:
-        while server.process.poll() is None:
-            assert time.monotonic() < deadline, (
-                f"still running after {timeout}s:\n{server.log_tail()}"
-            )
-            try:
-                status = httpx.get(f"{server.url}/health", timeout=2).status_code
-            except httpx.HTTPError:
-                status = None
-            assert status != 200, "the server became healthy: it serves a broken model"
-            time.sleep(0.5)
-        assert server.process.returncode != 0
+        wait_until(
+            exited_without_serving, timeout, 0.5, what="vLLM to exit", detail=server.log_tail
+        )
+        assert server.process is not None and server.process.returncode != 0
     finally:
         server.stop()
     return log_path.read_text(errors="replace")

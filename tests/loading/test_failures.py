@@ -9,19 +9,20 @@ an incomplete upload) are stopped by the plugin's load guard before any weight i
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from ministream.manifest import MANIFEST_NAME
+from ministream_testkit.s3_server import S3Server
+from ministream_testkit.vllm_server import VLLMServer
+from ministream_testkit.waiting import wait_until
 from tests.loading.conftest import BUCKET, run_cli
-from tests.loading.helpers import expect_start_failure
-from tests.support.s3_server import S3Server
+from tests.loading.helpers import BASE_ARGS, START_TIMEOUT, expect_start_failure
 
 # Session fixtures (uploads, shard runs, the TP=1 baseline) count toward the first test's
 # timeout; engine starts take minutes when other engines share the two cores.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]
+pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(7200)]
 RUNAI = ["--load-format", "runai_streamer"]
 WEIGHTS_READ = "Loading weights took"  # vLLM logs this once weights were read
 
@@ -76,9 +77,6 @@ def test_interrupted_upload_is_not_served(
 
 def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
     """A store that dies while weights stream: vLLM must fail, not hang or serve."""
-    from tests.loading.helpers import BASE_ARGS, START_TIMEOUT
-    from tests.support.vllm_server import VLLMServer
-
     store = S3Server(tmp_path / "s3", auth=True, delay_get=2.0).start()
     try:
         store.client().create_bucket(Bucket=BUCKET)
@@ -89,17 +87,24 @@ def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
             model=url, log_path=tmp_path / "vllm.log", args=[*BASE_ARGS, *RUNAI], env=env
         ).start()
         try:
-            deadline = time.monotonic() + START_TIMEOUT
-            # The request log lists a request when it completes: the first weights GET done.
-            while not any(
-                r["method"] == "GET" and r["path"].endswith(".safetensors")
-                for r in store.requests()
-            ):
+
+            def weights_get_done() -> bool:
                 assert server.process is not None and server.process.poll() is None, (
                     server.log_tail()
                 )
-                assert time.monotonic() < deadline, server.log_tail()
-                time.sleep(0.2)
+                # The request log lists a request when it completes.
+                return any(
+                    r["method"] == "GET" and r["path"].endswith(".safetensors")
+                    for r in store.requests()
+                )
+
+            wait_until(
+                weights_get_done,
+                START_TIMEOUT,
+                0.2,
+                what="the first weights GET",
+                detail=server.log_tail,
+            )
             store.kill()
             assert server.wait_exit(timeout=START_TIMEOUT) != 0
         finally:

@@ -16,12 +16,13 @@ from safetensors import safe_open
 
 from ministream.manifest import MANIFEST_NAME, Manifest, verify_dir
 from ministream.shardset import SHARDS_META_NAME
+from ministream_testkit.s3_server import S3Server
 from tests.loading.conftest import BUCKET, run_cli
-from tests.support.s3_server import S3Server
 
 # Session fixtures (uploads, shard runs, the TP=1 baseline) count toward the first test's
 # timeout; engine starts take minutes when other engines share the two cores.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]
+# `ministream shard` runs vLLM's loader in one worker per rank.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(7200)]
 
 LINEAR = (
     "self_attn.qkv_proj.weight",
@@ -95,6 +96,7 @@ def test_shard_refuses_to_overwrite_another_shard_set(shards_tp2: Path, model_di
     assert "--force" in proc.stderr
 
 
+@pytest.mark.network
 def test_shard_from_s3_to_s3(
     shards_tp2_url: str,
     shards_tp2: Path,

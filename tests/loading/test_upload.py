@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,12 @@ from ministream.load_guard import check_model_files
 from ministream.manifest import MANIFEST_NAME, Manifest
 from ministream.s3 import SHA256_META
 from ministream.upload import upload
+from ministream_testkit.s3_server import S3Server
+from ministream_testkit.waiting import wait_until
 from tests.loading.conftest import BUCKET, run_cli
-from tests.support.s3_server import S3Server
+
+# Every test talks to a moto S3 server process on loopback.
+pytestmark = pytest.mark.network
 
 
 def _puts(s3: S3Server, prefix: str, since: int = 0) -> list[str]:
@@ -96,10 +99,12 @@ def test_killed_upload_is_incomplete_then_resumes(
             "--quiet",
         ]
         proc = subprocess.Popen(cmd, env=os.environ.copy())
-        deadline = time.monotonic() + 120
-        while not any("partNumber=2" in r["query"] for r in slow.requests()):
-            assert proc.poll() is None and time.monotonic() < deadline, "upload ended early"
-            time.sleep(0.1)
+
+        def second_part_sent() -> bool:
+            assert proc.poll() is None, "upload ended early"
+            return any("partNumber=2" in r["query"] for r in slow.requests())
+
+        wait_until(second_part_sent, 120, what="the upload's second part")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
 

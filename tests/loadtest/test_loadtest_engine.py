@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 SCENARIO: dict[str, Any] = {
     "name": "tiny-chat",

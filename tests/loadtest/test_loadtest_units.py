@@ -1,4 +1,4 @@
-"""ministream_loadtest without a vLLM engine: scenarios, the chart's timings, the engine's
+"""ministream_loadtest without a vLLM engine: scenarios, the chart's rendered pod, the engine's
 flags (parsed by vLLM's own `vllm bench serve` parser), records and failure causes, and the
 real HAProxy following readiness in front of toy backends."""
 
@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ministream_loadtest.chart_values import DEFAULT_VALUES, load_chart_timings
+from ministream_loadtest.chart_pod import ChartError, ChartPod, chart_pod
 from ministream_loadtest.engine import engine_args
 from ministream_loadtest.fleet import cpu_binding, tensor_parallel_size
 from ministream_loadtest.haproxy import HAProxy, Slot, StateWatcher, find_haproxy, render_config
@@ -88,34 +87,57 @@ def test_engine_flags_parse_with_vllms_own_parser(tmp_path: Path) -> None:
     assert args.max_concurrency == 2 and args.request_rate == float("inf")
 
 
-# --- the chart's timings ---------------------------------------------------------------------
-def test_timings_come_from_the_charts_values_file() -> None:
-    values = yaml.safe_load(DEFAULT_VALUES.read_text())
-    t = load_chart_timings()
-    assert t.drain_timeout_seconds == values["sidecar"]["drainTimeoutSeconds"]
-    assert t.drain_min_seconds == values["sidecar"]["drainMinSeconds"]
-    assert t.vllm_shutdown_timeout_seconds == values["vllm"]["shutdownTimeoutSeconds"]
-    assert t.readiness_period_seconds == values["probes"]["readiness"]["periodSeconds"]
-    assert t.readiness_failure_threshold == values["probes"]["readiness"]["failureThreshold"]
-    assert t.rollout_mode == values["rollout"]["mode"]
-    if values["terminationGracePeriodSeconds"] is None:  # the chart's formula
-        assert t.termination_grace_period_seconds == (
-            t.drain_timeout_seconds
-            + t.vllm_shutdown_timeout_seconds
-            + values["shutdown"]["marginSeconds"]
-        )
-    env = t.sidecar_env()
-    assert env["MINISTREAM_SIDECAR_DRAIN_GRACE_SECONDS"] == str(t.drain_min_seconds)
-    assert env["MINISTREAM_SIDECAR_WARMUP_REQUESTS"] == str(values["sidecar"]["warmup"]["requests"])
+# --- the chart's rendered pod -----------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ministream"
+LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"  # scripts/install_tools.sh
+
+
+def rendered_pod(**sets: Any) -> ChartPod:
+    helm = str(LOCAL_HELM) if LOCAL_HELM.is_file() else None
+    return chart_pod(CHART, sets={k.replace("__", "."): v for k, v in sets.items()}, helm=helm)
+
+
+def test_the_experiment_takes_its_pod_from_helm_template() -> None:
+    """Values reach the experiment only through the chart's templates: change two timeouts
+    and the rollout mode, and the hook, the grace period and the strategy follow."""
+    base = rendered_pod()
+    pod = rendered_pod(
+        sidecar__drainTimeoutSeconds=90,
+        vllm__shutdownTimeoutSeconds=40,
+        rollout__mode="inPlace",
+        probes__readiness__periodSeconds=1,
+    )
+    assert pod.drain_timeout_seconds == 90 and pod.vllm_shutdown_timeout_seconds == 40
+    hook = list(pod.prestop_command)
+    assert hook[hook.index("--timeout") + 1] == "90"
+    # The grace period grows with the two timeouts (the chart's arithmetic, not ours).
+    assert pod.termination_grace_period_seconds - base.termination_grace_period_seconds == (
+        (90 - base.drain_timeout_seconds) + (40 - base.vllm_shutdown_timeout_seconds)
+    )
+    assert (base.rollout_mode, base.max_surge, base.max_unavailable) == ("surge", 1, 0)
+    assert (pod.rollout_mode, pod.max_surge, pod.max_unavailable) == ("inPlace", 0, 1)
+    assert pod.readiness_period_seconds == 1 and pod.readiness_success_threshold == 1
+    # Timing settings pass to the sidecar; each local pod wires host, port and URL itself.
+    assert pod.setting("drain_timeout_seconds") == "90"
+    assert "MINISTREAM_SIDECAR_WARMUP_REQUESTS" in pod.sidecar_settings
+    assert not {"MINISTREAM_SIDECAR_PORT", "MINISTREAM_SIDECAR_VLLM_URL"} & set(
+        pod.sidecar_settings
+    )
 
 
 def test_a_grace_period_the_chart_refuses_is_refused() -> None:
-    with pytest.raises(ValueError, match="below drain"):
-        load_chart_timings(overrides={"terminationGracePeriodSeconds": 10})
+    with pytest.raises(ChartError, match="terminationGracePeriodSeconds=10 is too short"):
+        rendered_pod(terminationGracePeriodSeconds=10)
+
+
+def test_a_missing_chart_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(ChartError, match="pass --chart PATH"):
+        chart_pod(tmp_path)
 
 
 def test_the_load_cap_outlasts_any_rollout_within_its_timeouts() -> None:
-    t = load_chart_timings()
+    t = rendered_pod()
     one = max_load_seconds(t, 1, startup_timeout=600, lead_in=10, tail=10)
     two = max_load_seconds(t, 2, startup_timeout=600, lead_in=10, tail=10)
     assert two - one == one - 20 >= 600 + t.termination_grace_period_seconds
@@ -267,11 +289,11 @@ class _Backend:
 @pytest.fixture
 def toy_fleet(tmp_path: Path) -> Iterator[tuple[HAProxy, StateWatcher, list[_Backend]]]:
     find_haproxy()  # fails with the install hint when HAProxy is missing
-    timings = load_chart_timings(overrides={"probes.readiness.periodSeconds": 1})
+    probe = rendered_pod(probes__readiness__periodSeconds=1)
     backends = [_Backend("a"), _Backend("b"), _Backend("c")]
     # API and probe on one port here; slot 2 starts outside the endpoints (a surge slot).
     slots = [Slot(i, b.port, b.port) for i, b in enumerate(backends)]
-    haproxy = HAProxy(tmp_path, slots, {0, 1}, timings).start()
+    haproxy = HAProxy(tmp_path, slots, {0, 1}, probe).start()
     watcher = StateWatcher(haproxy, interval=0.1).start()
     try:
         yield haproxy, watcher, backends
@@ -289,7 +311,7 @@ def _get(url: str, rid: str) -> str:
 
 
 def test_haproxy_config_is_accepted(tmp_path: Path) -> None:
-    timings = load_chart_timings()
+    probe = rendered_pod()
     cfg = tmp_path / "h.cfg"
     cfg.write_text(
         render_config(
@@ -297,15 +319,15 @@ def test_haproxy_config_is_accepted(tmp_path: Path) -> None:
             socket_path=tmp_path / "s",
             slots=[Slot(0, 2, 3), Slot(1, 4, 5)],
             enabled={0},
-            timings=timings,
+            probe=probe,
         )
     )
     text = cfg.read_text()
     assert (
-        f"inter {timings.readiness_period_seconds}s fall "
-        f"{timings.readiness_failure_threshold} rise 1" in text
+        f"inter {probe.readiness_period_seconds}s fall "
+        f"{probe.readiness_failure_threshold} rise 1" in text
     )
-    assert f"timeout check {timings.readiness_timeout_seconds}s" in text
+    assert f"timeout check {probe.readiness_timeout_seconds}s" in text
     check = subprocess.run([find_haproxy(), "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -327,8 +349,8 @@ def test_haproxy_routes_by_readiness_like_a_service(toy_fleet: Any) -> None:
     c.ready = False
     haproxy.add_endpoint(Slot(2, c.port, c.port))
     assert watcher.current["slot2"] != "UP"
-    time.sleep(1.5)
-    assert watcher.current["slot2"] == "DOWN"
+    # Its first checks fail: it goes DOWN, never UP, while /readyz says no.
+    assert watcher.wait_for(lambda s: s["slot2"] == "DOWN", 10)
     c.ready = True
     assert watcher.wait_for(lambda s: s["slot2"] == "UP", 10)
 
@@ -388,4 +410,4 @@ def test_cli_refuses_nonsense() -> None:
         capture_output=True,
         text=True,
     )
-    assert run.returncode == 2 and "shipped scenarios" in run.stderr
+    assert run.returncode == 2 and "bundled scenarios" in run.stderr

@@ -17,22 +17,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from promkit import (
-    NAMESPACE,
-    POD,
-    ROOT,
-    LiveStack,
-    PrometheusServer,
-    ScrapeTarget,
-    free_port,
-)
+from promkit import NAMESPACE, POD, ROOT, LiveStack, PrometheusServer, ScrapeTarget
 
 from ministream_observability.generate import RULES_FILE
+from ministream_testkit.net import answers, free_port
+from ministream_testkit.vllm_server import metrics_text, request_counts, sum_samples
+from ministream_testkit.waiting import wait_until
 
 
 @dataclass
@@ -96,18 +92,13 @@ def sidecar_process(
     )
     sidecar = SidecarProcess(f"http://127.0.0.1:{port}", proc, log_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def live() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"sidecar exited {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{sidecar.url}/livez", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sidecar not live:\n{log_path.read_text()}")
-            time.sleep(0.2)
+            return answers(f"{sidecar.url}/livez")
+
+        wait_until(live, 60, 0.2, what="the sidecar live", detail=log_path.read_text)
         yield sidecar
     finally:
         sidecar.stop()
@@ -176,13 +167,22 @@ def _load(vllm: Any, seconds: float, concurrency: int) -> int:
 
 def _wait_running(url: str, timeout: float = 60) -> None:
     """Until vLLM's own gauge shows a running request (what the drain polls, too)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-            if line.startswith("vllm:num_requests_running{") and float(line.split()[-1]) > 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError("no request showed up as running in vLLM's metrics")
+    wait_until(lambda: request_counts(url)[0] > 0, timeout, 0.05, what="a request running in vLLM")
+
+
+def _counter(url: str, name: str) -> float:
+    """A counter in vLLM's /metrics, summed over its label sets."""
+    return sum_samples(metrics_text(url), name)
+
+
+def _wait_idle_and_scraped(vllm: Any, prometheus: PrometheusServer) -> None:
+    """Until vLLM reports nothing running or waiting, and Prometheus has stored a scrape
+    taken after its last finished request (the panels are read at the end of the run)."""
+    wait_until(lambda: request_counts(vllm.url) == (0, 0), 60, 0.1, what="vLLM idle")
+    done = _counter(vllm.url, "vllm:request_success_total")
+    prometheus.wait_for(
+        f"sum(vllm:request_success_total) >= {done}", 30, f"{done:g} finished requests scraped"
+    )
 
 
 class BusyEngine:
@@ -190,6 +190,8 @@ class BusyEngine:
 
     One long request is not enough: the tiny model generates 480 tokens in about a second,
     which can end before a /metrics poll sees it running (it did, in CI)."""
+
+    TOKENS = 480  # per request
 
     def __init__(self, vllm: Any, threads: int = 2) -> None:
         self._vllm = vllm
@@ -201,16 +203,31 @@ class BusyEngine:
         with httpx.Client(base_url=self._vllm.url) as client:
             while not self._stop.is_set():
                 try:
-                    _completion(client, self._vllm.served_name, [5] * 16, 480)
+                    _completion(client, self._vllm.served_name, [5] * 16, self.TOKENS)
                 except httpx.HTTPError as e:
                     self.errors.append(e)
                     return
 
     def __enter__(self) -> BusyEngine:
         for t in self._threads:
+            target = self._generated() + self.TOKENS // 3
             t.start()
-            time.sleep(0.3)  # staggered, so the two never finish together
+            # Staggered by a third of a request, so that the two never finish together.
+            wait_until(
+                partial(self._generated_at_least, target),
+                120,
+                0.02,
+                what="the busy-engine request under way",
+            )
         return self
+
+    def _generated(self) -> float:
+        return _counter(self._vllm.url, "vllm:generation_tokens_total")
+
+    def _generated_at_least(self, tokens: float) -> bool:
+        if self.errors:
+            raise self.errors[0]
+        return self._generated() >= tokens
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._stop.set()
@@ -238,7 +255,7 @@ def live(
     prometheus.wait_for("ministream_ready == 1", 30, "readiness scraped")
     assert _load(vllm_server, 15, 1) > 0
     assert _load(vllm_server, 20, 4) > 0
-    time.sleep(3)
+    _wait_idle_and_scraped(vllm_server, prometheus)
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")
     assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
@@ -247,5 +264,6 @@ def live(
         r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
     assert r.status_code == 200 and r.json()["outcome"] == "timeout", r.text
     prometheus.wait_for('ministream_drains_total{outcome="timeout"} == 1', 30, "timeout drain")
-    time.sleep(3)  # a few more scrapes and rule evaluations
+    _wait_idle_and_scraped(vllm_server, prometheus)
+    prometheus.wait_evaluated(after=time.time())  # the alert rules have seen all of it
     return LiveStack(prometheus, started, time.time())

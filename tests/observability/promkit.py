@@ -8,11 +8,10 @@ broken set-up, not a reason to go green.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,9 @@ import yaml
 from ministream_observability.catalog import CLUSTER_ONLY
 from ministream_observability.generate import Query
 from ministream_observability.promql import metric_names
-from tests.support.processes import stop_group
+from ministream_testkit.net import answers, free_port
+from ministream_testkit.processes import stop_group
+from ministream_testkit.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Labels the live scrape config attaches, as a ServiceMonitor would in a cluster.
@@ -43,12 +44,6 @@ def promtool(*args: str | Path, cwd: Path | None = None) -> subprocess.Completed
     return subprocess.run(
         [binary("promtool"), *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def recording_rules_file(queries: Iterable[Query], path: Path) -> Path:
@@ -132,17 +127,18 @@ class PrometheusServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
+            assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready:\n{self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"prometheus exited:\n{self.log_tail()}")
+            return answers(f"{self.url}/-/ready")
+
+        wait_until(ready, timeout, 0.2, what="prometheus ready", detail=self.log_tail)
+        return self
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
         stop_group(self.process)
@@ -167,13 +163,21 @@ class PrometheusServer:
         return set(self.api("label/__name__/values"))
 
     def wait_for(self, expr: str, timeout: float = 60, what: str = "") -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if result:
-                return result
-            time.sleep(0.5)
-        raise TimeoutError(f"{what or expr} did not return data within {timeout}s")
+        """Until `expr` returns data (its result, a non-empty vector)."""
+        return wait_until(
+            lambda: self.query(expr), timeout, 0.5, what=f"{what or expr} (query: {expr})"
+        )
+
+    def wait_evaluated(self, after: float, timeout: float = 30) -> None:
+        """Until every rule group has been evaluated after `after` (epoch seconds)."""
+
+        def evaluated() -> bool:
+            groups = self.api("rules")["groups"]
+            return bool(groups) and all(
+                datetime.fromisoformat(g["lastEvaluation"]).timestamp() >= after for g in groups
+            )
+
+        wait_until(evaluated, timeout, 0.5, what=f"every rule group evaluated after {after}")
 
 
 class PromQLError(Exception):

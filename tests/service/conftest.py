@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sidecarkit import FAST_WARMUP, SidecarFactory, SidecarThread, free_port
+from sidecarkit import FAST_WARMUP, SidecarFactory, SidecarThread
 
 from ministream_sidecar.settings import SidecarSettings
+from ministream_testkit.net import free_port
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ministream_sidecar.app import create_app
 from ministream_sidecar.settings import SidecarSettings
+from ministream_testkit.net import free_port
+from ministream_testkit.waiting import wait_until
 
 FAST_WARMUP: dict[str, Any] = {
     "warmup_requests": 4,
@@ -34,24 +34,6 @@ FAST_WARMUP: dict[str, Any] = {
     "health_interval_seconds": 0.5,
     "drain_poll_interval_seconds": 0.2,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(
-    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1
-) -> float:
-    """Poll until `predicate()`; returns the seconds it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {timeout}s")
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -88,7 +70,7 @@ class SidecarThread:
 
     def start(self) -> SidecarThread:
         self.thread.start()
-        wait_for(lambda: self.server.started, 20, "sidecar startup", 0.02)
+        wait_until(lambda: self.server.started, 20, 0.02, what=f"sidecar startup on {self.url}")
         return self
 
     def stop(self) -> None:
@@ -118,6 +100,7 @@ class FakeVLLM:
     running: int = 0
     waiting: int = 0
     completions: int = 0
+    metrics_polls: int = 0  # answers to /metrics (what the drain polls)
     seen_auth: list[str | None] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
@@ -158,6 +141,7 @@ class FakeVLLM:
                 },
             )
         if path == "/metrics":
+            self.metrics_polls += 1
             labels = f'engine="0",model_name="{self.model}"'
             return httpx.Response(
                 200,

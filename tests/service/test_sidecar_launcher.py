@@ -12,26 +12,20 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sidecarkit import free_port, sample, wait_for
+from sidecarkit import sample
 
 from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
+from ministream_testkit.net import answers, free_port
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
+from ministream_testkit.waiting import wait_until
 from tests.conftest import TINY_SERVED_NAME
 
-VLLM_ARGS = [
-    "--served-model-name",
-    TINY_SERVED_NAME,
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "512",
-    "--enforce-eager",
-]
+VLLM_ARGS = ["--served-model-name", TINY_SERVED_NAME, *TINY_ENGINE_ARGS]
 
 
 def test_arguments_after_double_dash_go_to_vllm(tmp_path: Path) -> None:
@@ -125,7 +119,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.network
 def test_up_serves_drains_on_sigterm_and_exits_cleanly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -148,12 +143,9 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
 
         def ready() -> bool:
             assert proc.poll() is None, log.read_text()
-            try:
-                return httpx.get(f"{sidecar}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
+            return answers(f"{sidecar}/readyz")
 
-        wait_for(ready, 600, "ready through the launcher", interval=0.5)
+        wait_until(ready, 600, 0.5, what="ready through the launcher")
         vllm_pid, sidecar_pid = pid_of(log, "vLLM"), pid_of(log, "sidecar")
         text = httpx.get(f"{sidecar}/metrics", timeout=5).text
         phases = {
@@ -163,32 +155,53 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
         (tmp_path / "cold_start.json").write_text(json.dumps(phases))
         print("cold start phases (s):", phases)
         assert phases["engine_start"] > 1  # counted from the launcher's start, not the sidecar's
-        wait_for(lambda: "ready after" in log.read_text(), 10, "ready announced")
+        wait_until(lambda: "ready after" in log.read_text(), 10, what="ready announced")
 
-        # A request in flight while SIGTERM arrives must complete.
+        # A request in flight while SIGTERM arrives must complete. Streamed, so that its first
+        # token shows it running (the tiny model generates 480 tokens in about a second; a
+        # /metrics poll can miss a request that short).
         outcome: dict[str, Any] = {}
+        first_token = threading.Event()
+        max_tokens = 480
 
-        def long_request() -> None:
-            outcome["response"] = httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions",
-                timeout=120,
-                json={
-                    "model": TINY_SERVED_NAME,
-                    "prompt": "hello",
-                    "max_tokens": 256,
-                    "ignore_eos": True,
-                },
-            )
+        def streamed_request() -> None:
+            payload = {
+                "model": TINY_SERVED_NAME,
+                "prompt": "hello",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            url = f"http://127.0.0.1:{port}/v1/completions"
+            try:
+                with httpx.stream("POST", url, json=payload, timeout=120) as response:
+                    outcome["status"] = response.status_code
+                    for line in response.iter_lines():
+                        if line == "data: [DONE]":
+                            outcome["done"] = True
+                        elif line.startswith("data: "):
+                            chunk = json.loads(line.removeprefix("data: "))
+                            if chunk.get("usage"):  # the last chunk counts the tokens
+                                outcome["tokens"] = chunk["usage"]["completion_tokens"]
+                            if chunk["choices"]:
+                                first_token.set()
+            except httpx.HTTPError as exc:
+                outcome["error"] = repr(exc)
 
-        client = threading.Thread(target=long_request)
+        client = threading.Thread(target=streamed_request)
         client.start()
-        time.sleep(0.5)
+
+        def streaming() -> bool:
+            assert client.is_alive() or first_token.is_set(), f"no token came: {outcome}"
+            return first_token.is_set()
+
+        wait_until(streaming, 120, 0.01, what="the request's first token")
+        assert client.is_alive(), f"the request ended before SIGTERM: {outcome}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEFAULT_SHUTDOWN_TIMEOUT + 60) == 0, log.read_text()
         client.join(30)
-        response = outcome["response"]
-        assert response.status_code == 200
-        assert response.json()["usage"]["completion_tokens"] == 256
+        assert outcome == {"status": 200, "tokens": max_tokens, "done": True}, outcome
         output = log.read_text()
         assert "'outcome': 'idle'" in output
         assert gone(vllm_pid) and gone(sidecar_pid)
@@ -198,7 +211,8 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
         stop_everything(proc, log)
 
 
-@pytest.mark.slow
+@pytest.mark.engine  # vLLM starts, then fails on the model
+@pytest.mark.network  # the sidecar listens on loopback meanwhile
 def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
     # Passes the launcher's own checks (a directory with a config.json); vLLM then fails on
     # a config without the model's fields and no weights.

@@ -5,8 +5,14 @@ the values after warmups and drains against the real engine."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sidecarkit import FakeVLLM, SidecarFactory, wait_for
+from sidecarkit import FakeVLLM, SidecarFactory
+
+from ministream_testkit.waiting import wait_until
+
+# Each test runs the sidecar under uvicorn on a loopback port.
+pytestmark = pytest.mark.network
 
 # The contract (DESIGN §7 and issue 4; dashboards and alerts rely on these names).
 DOCUMENTED = {
@@ -35,7 +41,7 @@ def test_exposition_parses_and_carries_the_documented_names(
         info_load_format="runai_streamer",
         info_tensor_parallel_size=2,
     )
-    wait_for(sidecar.ready, 10, "ready")
+    wait_until(sidecar.ready, 10, what="ready")
     response = sidecar.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(response.text)}

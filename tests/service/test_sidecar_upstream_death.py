@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sidecarkit import SidecarFactory, sample, wait_for
+from sidecarkit import SidecarFactory, sample
 
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer
+from ministream_testkit.waiting import wait_until
 from tests.conftest import TINY_SERVED_NAME
-from tests.support.vllm_server import VLLMServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 INTERVAL = 0.5
 THRESHOLD = 4
@@ -29,7 +30,7 @@ def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
         model=str(tiny_model_dir),
         served_name=TINY_SERVED_NAME,
         log_path=tmp_path / "vllm-victim.log",
-        args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"],
+        args=TINY_ENGINE_ARGS,
     )
     server.start()
     try:
@@ -45,7 +46,7 @@ def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> 
         health_interval_seconds=INTERVAL,
         liveness_failure_threshold=THRESHOLD,
     )
-    wait_for(sidecar.ready, 120, "ready")
+    wait_until(sidecar.ready, 120, what="ready")
     livez = sidecar.get("/livez")
     assert livez.status_code == 200
     assert livez.json()["consecutive_upstream_failures"] == 0
@@ -71,7 +72,7 @@ def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> 
         )
         return response.status_code == 503
 
-    wait_for(livez_failed, THRESHOLD * INTERVAL + 10, "livez 503", interval=0.05)
+    wait_until(livez_failed, THRESHOLD * INTERVAL + 10, 0.05, what="livez 503")
     # Alive until the threshold-th consecutive failure, dead from it on.
     for _, status, failures in livez_seen:
         assert (status == 503) == (failures >= THRESHOLD), livez_seen

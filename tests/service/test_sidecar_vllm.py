@@ -14,27 +14,23 @@ from typing import Any
 
 import httpx
 import pytest
-from sidecarkit import FAST_WARMUP, SidecarFactory, sample, samples, wait_for
+from sidecarkit import FAST_WARMUP, SidecarFactory, sample
 
-pytestmark = pytest.mark.slow
+from ministream_testkit.vllm_server import parse_request_counts
+from ministream_testkit.waiting import wait_until, wait_until_async
+
+pytestmark = [pytest.mark.engine, pytest.mark.network]
 
 
 def served_model(vllm_server: Any) -> str:
     return str(httpx.get(f"{vllm_server.url}/v1/models", timeout=10).json()["data"][0]["id"])
 
 
-def counts_of(text: str) -> tuple[float, float]:
-    parsed = samples(text)
-    running = sum(v for (name, _), v in parsed.items() if name == "vllm:num_requests_running")
-    waiting = sum(v for (name, _), v in parsed.items() if name == "vllm:num_requests_waiting")
-    return running, waiting
-
-
 def test_not_ready_before_warmup_ready_after(
     sidecar_for_vllm: SidecarFactory, vllm_server: Any
 ) -> None:
     sidecar = sidecar_for_vllm(warmup_on_start=False)
-    wait_for(lambda: sidecar.get("/readyz").json()["upstream_up"], 30, "vLLM seen healthy")
+    wait_until(lambda: sidecar.get("/readyz").json()["upstream_up"], 30, what="vLLM seen healthy")
     before = sidecar.get("/readyz")
     assert before.status_code == 503
     assert before.json()["reasons"] == ["warmup_pending"]
@@ -73,7 +69,7 @@ def test_automatic_warmup_records_cold_start_phases(sidecar_for_vllm: SidecarFac
     sidecar = sidecar_for_vllm(
         warmup_requests=8, warmup_concurrency=4, warmup_prompt_tokens=256, warmup_max_tokens=64
     )
-    wait_for(sidecar.ready, 120, "ready after automatic warmup")
+    wait_until(sidecar.ready, 120, what="ready after automatic warmup")
     text = sidecar.metrics()
     phase = {
         p: sample(text, "ministream_cold_start_phase_seconds", phase=p)
@@ -97,7 +93,9 @@ def test_warmup_failure_keeps_unready_and_is_counted(
     sidecar_for_vllm: SidecarFactory, broken: dict[str, Any]
 ) -> None:
     sidecar = sidecar_for_vllm(warmup_max_attempts=2, warmup_requests=2, **broken)
-    wait_for(lambda: sidecar.get("/readyz").json()["warmup"] == "failed", 60, "warmup failed")
+    wait_until(
+        lambda: sidecar.get("/readyz").json()["warmup"] == "failed", 60, what="warmup failed"
+    )
     readyz = sidecar.get("/readyz")
     assert readyz.status_code == 503
     assert readyz.json()["reasons"] == ["warmup_failed"]
@@ -165,7 +163,7 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
     it reads off them is compared with the lag it measured, never with a fixed bound.
     """
     sidecar = sidecar_for_vllm(drain_timeout_seconds=120)
-    wait_for(sidecar.ready, 120, "ready")
+    wait_until(sidecar.ready, 120, what="ready")
     model = served_model(vllm_server)
     max_tokens = 96
 
@@ -192,16 +190,23 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
 
             watcher = asyncio.create_task(watch_lag())
             workers = [asyncio.create_task(worker()) for _ in range(4)]
-            # Let the load settle: several streams done, four in flight.
-            while len(streams) < 4:
-                await asyncio.sleep(0.05)
-            running_before = 0.0
-            while running_before < 1:  # awaited: the workers must keep streaming meanwhile
-                running_before = counts_of((await vllm.get("/metrics")).text)[0]
+
+            async def settled() -> bool:  # the load settled: several streams done, four in flight
+                return len(streams) >= 4
+
+            async def running() -> float:
+                return parse_request_counts((await vllm.get("/metrics")).text)[0]
+
+            async def unready() -> httpx.Response | None:
+                response = await side.get("/readyz")
+                return response if response.status_code != 200 else None
+
+            await wait_until_async(settled, 120, 0.05, what="four streams done")
+            # Awaited, not blocking: the workers must keep streaming meanwhile.
+            running_before = await wait_until_async(running, 60, 0.01, what="a running request")
             drain_sent = time.monotonic()
             drain = asyncio.create_task(side.post("/drain"))
-            while (unready := await side.get("/readyz")).status_code == 200:
-                await asyncio.sleep(0.01)
+            not_ready = await wait_until_async(unready, 30, 0.01, what="/readyz 503")
             routed.clear()  # the endpoint is gone: no new requests reach vLLM
             response = await drain
             drain_returned = time.monotonic()
@@ -213,9 +218,9 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
                 "drain": response,
                 "drain_returned": drain_returned,
                 "running_before": running_before,
-                "unready": unready.json(),
+                "unready": not_ready.json(),
                 "lag": lag[0],
-                "counts_after": counts_of((await vllm.get("/metrics")).text),
+                "counts_after": parse_request_counts((await vllm.get("/metrics")).text),
             }
 
     out = asyncio.run(asyncio.wait_for(scenario(), 300))

@@ -8,10 +8,11 @@ from . import metrics, probes
 from .control import build_control_router
 
 
-def build_router(*, guarded: bool) -> APIRouter:
-    """All routes; `guarded`: POST endpoints need the bearer token."""
+def build_router(*, guarded: bool, local_only: bool = True) -> APIRouter:
+    """All routes; `guarded`: POST endpoints need the bearer token; `local_only`: they
+    answer loopback peers only."""
     router = APIRouter()
     router.include_router(probes.router)
-    router.include_router(build_control_router(guarded=guarded))
+    router.include_router(build_control_router(guarded=guarded, local_only=local_only))
     router.include_router(metrics.router)
     return router

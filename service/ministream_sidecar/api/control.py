@@ -1,4 +1,5 @@
-"""POST /warmup and POST /drain, token-guarded when MINISTREAM_SIDECAR_TOKEN is set.
+"""POST /warmup and POST /drain: local peers only (unless MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK),
+and token-guarded when MINISTREAM_SIDECAR_TOKEN is set.
 
 The router is built per app so that its OpenAPI document tells the truth: the bearer
 security scheme and the 401/403 answers appear only when a token is configured.
@@ -12,8 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from ..errors import UpstreamUnavailable, WarmupFailed
-from .deps import DrainerDep, MonitorDep, StateDep, WarmupDep, require_token
-from .errors import AUTH_RESPONSES
+from .deps import DrainerDep, MonitorDep, StateDep, WarmupDep, require_local_peer, require_token
+from .errors import AUTH_RESPONSES, LOCAL_RESPONSES
 from .schemas import DrainBody, ErrorBody, WarmupBody
 
 
@@ -49,9 +50,13 @@ async def drain(
     return DrainBody(**asdict(result))
 
 
-def build_control_router(*, guarded: bool) -> APIRouter:
-    auth: dict[int | str, dict[str, Any]] = dict(AUTH_RESPONSES) if guarded else {}
-    router = APIRouter(tags=["control"], dependencies=[Depends(require_token)] if guarded else [])
+def build_control_router(*, guarded: bool, local_only: bool = True) -> APIRouter:
+    auth: dict[int | str, dict[str, Any]] = dict(LOCAL_RESPONSES) if local_only else {}
+    auth.update(AUTH_RESPONSES if guarded else {})
+    dependencies = [Depends(require_local_peer)] if local_only else []
+    if guarded:
+        dependencies.append(Depends(require_token))
+    router = APIRouter(tags=["control"], dependencies=dependencies)
     router.add_api_route(
         "/warmup",
         warmup,

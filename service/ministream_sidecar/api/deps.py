@@ -1,7 +1,8 @@
-"""FastAPI dependencies: the objects the lifespan hung on `app.state`, and the token guard."""
+"""FastAPI dependencies: the objects the lifespan hung on `app.state`, and the control guards."""
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..drain import Drainer
 from ..engine_client import VLLMClient
-from ..errors import TokenInvalid, TokenMissing
+from ..errors import ControlNotLocal, TokenInvalid, TokenMissing
 from ..metrics import SidecarMetrics
 from ..monitor import HealthMonitor
 from ..settings import SidecarSettings
@@ -51,6 +52,41 @@ def get_monitor(request: Request) -> HealthMonitor:
 def get_drainer(request: Request) -> Drainer:
     drainer: Drainer = request.app.state.drainer
     return drainer
+
+
+def is_local_peer(peer: str | None, server: str | None = None) -> bool:
+    """Loopback (127.0.0.0/8, ::1, v4-mapped loopback), or the address the connection
+    arrived on: the pod (or `ministream up --host <ip>`) calling itself on its own IP."""
+    if not peer:
+        return False
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False  # a unix socket or a test client's made-up name: not provably local
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return True
+    return server is not None and peer == server
+
+
+def require_local_peer(
+    request: Request, settings: Annotated[SidecarSettings, Depends(get_settings)]
+) -> None:
+    """403 for a non-local peer unless MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK opens the
+    control endpoints (the preStop hook, `ministream up` and local tools call from loopback)."""
+    if settings.control_from_network:
+        return
+    peer = request.client.host if request.client else None
+    server = request.scope.get("server")
+    if is_local_peer(peer, server[0] if server else None):
+        return
+    raise ControlNotLocal(
+        f"control endpoints answer only from inside the pod (loopback); peer {peer!r} is "
+        "not local. Set MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK=true (chart value "
+        "sidecar.control.fromNetwork) to open them, guarded by the token.",
+        details={"peer": peer, "setting": "MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK"},
+    )
 
 
 # auto_error=False: a missing or non-Bearer header must become our 401, not FastAPI's 403.

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..errors import (
+    ControlNotLocal,
     Draining,
     ModelUnknown,
     SidecarError,
@@ -22,6 +23,7 @@ from .schemas import ErrorBody, ErrorDetail
 STATUS: dict[type[SidecarError], int] = {
     TokenMissing: 401,
     TokenInvalid: 403,
+    ControlNotLocal: 403,
     Draining: 409,
     UpstreamError: 502,
     UpstreamUnavailable: 503,
@@ -49,6 +51,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # OpenAPI `responses=` fragments, so the documented statuses match what handlers return.
+LOCAL_RESPONSES: dict[int | str, dict[str, Any]] = {
+    403: {
+        "model": ErrorBody,
+        "description": "Called from the network (only loopback peers may call it unless "
+        "MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK), or a wrong bearer token.",
+    },
+}
+
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No bearer token (a token is configured)."},
     403: {"model": ErrorBody, "description": "Wrong bearer token."},

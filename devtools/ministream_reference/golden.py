@@ -1,8 +1,8 @@
 """Golden numerics: greedy tokens and top-k logprobs from vLLM and from the reference model.
 
 Used by the tests, the GPU script and the benchmarks, so every comparison runs the same
-code. `python -m ministream.golden --model DIR [--tp N] [--dtype D] --out FILE.json` runs
-one vLLM engine (offline `vllm.LLM`) and writes its outputs; `compare()` applies the
+code. `python -m ministream_reference.golden --model DIR [--tp N] [--dtype D] --out FILE.json`
+runs one vLLM engine (offline `vllm.LLM`) and writes its outputs; `compare()` applies the
 semantics of vLLM's `check_logprobs_close`: sequences must agree token for token; where
 they first differ, each side's token must be in the other's top-k, and the comparison
 stops there (later tokens condition on different prefixes).
@@ -43,7 +43,7 @@ def reference_completions(
     """The reference model in float32 (on `device`) on the directory's weights."""
     import torch
 
-    from ministream.reference import ReferenceMiniStream
+    from ministream_reference.model import ReferenceMiniStream
 
     model = ReferenceMiniStream.from_pretrained(model_dir, dtype=torch.float32, device=device)
     out = []

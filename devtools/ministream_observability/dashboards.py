@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import catalog as m
 from .alerts import AlertParams, api_error_ratio, engine_error_ratio
+from .autoscaling import REQUESTS
 from .grafana import Dashboard, Panel, Row, Target, Variable
 from .promql import agg, increase, quantile, rate, rate_ratio, sel
 
@@ -115,10 +116,13 @@ def serving(params: AlertParams) -> Dashboard:
         (
             Panel(
                 "Requests running and waiting",
-                "Waiting requests are queued for lack of batch slots or KV cache.",
+                "Waiting requests are queued for lack of batch slots or KV cache. "
+                "Per replica: waiting + running per pod, averaged over pods: the signal the "
+                "chart's autoscaling scales on (autoscaling.target.requestsPerReplica).",
                 (
                     Target(agg("sum", (), sel(m.RUNNING, VLLM)), "running"),
                     Target(agg("sum", (), sel(m.WAITING, VLLM)), "waiting"),
+                    Target(REQUESTS.per_replica(VLLM), "per replica (autoscaling signal)"),
                 ),
             ),
             Panel(

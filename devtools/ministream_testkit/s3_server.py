@@ -1,6 +1,6 @@
 """A real S3-compatible server process for tests and benchmarks: moto in server mode.
 
-`python -m tests.support.s3_server --port P [--request-log F] [--delay-get S] [--delay-put S]
+`python -m ministream_testkit.s3_server --port P [--request-log F] [--delay-get S] [--delay-put S]
 [--fast-ranges]` serves moto's S3 (and IAM) on 127.0.0.1 through werkzeug, the way
 `moto_server` does, with a WSGI middleware that appends every request to a JSON-lines log
 (method, key, Range header, status, body bytes sent) and can slow weight transfers down. The
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from tests.support.vllm_server import free_port
+from ministream_testkit.net import accepts, free_port
+from ministream_testkit.waiting import wait_until
 
 REGION = "us-east-1"
 _ALLOW_ALL_S3 = json.dumps(
@@ -191,7 +192,7 @@ class S3Server:
         cmd = [
             sys.executable,
             "-m",
-            "tests.support.s3_server",
+            "ministream_testkit.s3_server",
             "--port",
             str(self.port),
             "--request-log",
@@ -208,7 +209,7 @@ class S3Server:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=self.workdir,
         )
         self._wait_ready()
         if self.auth:
@@ -216,18 +217,13 @@ class S3Server:
         return self
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        import socket
-
-        deadline = time.monotonic() + timeout
-        assert self.process is not None
-        while time.monotonic() < deadline:
+        def listening() -> bool:
+            assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(f"S3 server exited with {self.process.returncode}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError("S3 server did not start")
+            return accepts(self.port)
+
+        wait_until(listening, timeout, what=f"the S3 server on port {self.port}")
 
     def _create_user(self) -> None:
         import boto3

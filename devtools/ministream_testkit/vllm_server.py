@@ -7,23 +7,52 @@ script, which the CPU build breaks (DESIGN §8).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import stop_group
+from ministream_testkit.net import answers, free_port
+from ministream_testkit.processes import stop_group
+from ministream_testkit.waiting import wait_until
+
+# The engine arguments of every tiny-model server in the tests (float32 so that numerics
+# compare tightly; eager, as compiling costs minutes on CPU). Servers whose results are
+# compared with each other must use the same ones.
+TINY_ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def sum_samples(metrics_text: str, name: str) -> float:
+    """The samples called `name` in Prometheus text (vLLM's /metrics), summed over labels."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def parse_request_counts(metrics_text: str) -> tuple[float, float]:
+    """Running and waiting requests in vLLM's /metrics text, summed over engines."""
+    return (
+        sum_samples(metrics_text, "vllm:num_requests_running"),
+        sum_samples(metrics_text, "vllm:num_requests_waiting"),
+    )
+
+
+def request_counts(url: str) -> tuple[float, float]:
+    """Running and waiting requests of the vLLM server at `url` (what the sidecar's drain
+    polls)."""
+    return parse_request_counts(metrics_text(url))
+
+
+def metrics_text(url: str) -> str:
+    """The /metrics page of the vLLM server at `url`."""
+    return httpx.get(f"{url}/metrics", timeout=10).text
 
 
 @dataclass
@@ -72,20 +101,16 @@ class VLLMServer:
         return self
 
     def wait_healthy(self, timeout: float = 600.0) -> VLLMServer:
-        deadline = time.monotonic() + timeout
-        assert self.process is not None
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
+            assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"vLLM exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM not healthy after {timeout}s:\n{self.log_tail()}")
+            return answers(f"{self.url}/health")
+
+        wait_until(healthy, timeout, 0.5, what=f"vLLM healthy at {self.url}", detail=self.log_tail)
+        return self
 
     def wait_exit(self, timeout: float = 600.0) -> int:
         assert self.process is not None

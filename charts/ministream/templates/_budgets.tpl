@@ -1,0 +1,85 @@
+{{/* Arithmetic the chart must do, each formula in exactly one helper. */}}
+
+{{/*
+startupProbe budget in seconds:
+  baseSeconds + ceil(sizeGiB * secondsPerGiB[mode] / d), d = TP for sharded modes (each rank
+  reads only its own shard, in parallel), else 1.
+*/}}
+{{- define "ministream.startupBudgetSeconds" -}}
+{{- $s := .Values.probes.startup -}}
+{{- $load := mulf .Values.model.sizeGiB (index $s.secondsPerGiB .Values.loading.mode) -}}
+{{- if include "ministream.isSharded" . -}}
+{{- $load = divf $load (include "ministream.tensorParallelSize" . | int) -}}
+{{- end -}}
+{{- add (int $s.baseSeconds) (int (ceil $load)) -}}
+{{- end -}}
+
+{{/* failureThreshold = ceil(budget / periodSeconds), unless set directly. */}}
+{{- define "ministream.startupFailureThreshold" -}}
+{{- $s := .Values.probes.startup -}}
+{{- $budget := include "ministream.startupBudgetSeconds" . | int -}}
+{{- default (ceil (divf $budget (int $s.periodSeconds))) $s.failureThreshold | int -}}
+{{- end -}}
+
+{{/*
+Grace period: the preStop hook waits up to the drain timeout, then vLLM gets SIGTERM and
+lets in-flight requests run for up to --shutdown-timeout; the margin covers the hook's own
+HTTP slack (5 s) and process teardown:
+  minimum = sidecar.drainTimeoutSeconds + vllm.shutdownTimeoutSeconds + shutdown.marginSeconds
+The value is that minimum when terminationGracePeriodSeconds is null; a smaller value would
+cut requests off and is refused.
+*/}}
+{{- define "ministream.terminationGracePeriodSeconds" -}}
+{{- $v := .Values -}}
+{{- $min := add (int $v.sidecar.drainTimeoutSeconds) (int $v.vllm.shutdownTimeoutSeconds) (int $v.shutdown.marginSeconds) -}}
+{{- $set := $v.terminationGracePeriodSeconds -}}
+{{- if and (not (kindIs "invalid" $set)) (lt (int $set) $min) -}}
+{{- fail (printf "terminationGracePeriodSeconds=%d is too short: it must be >= sidecar.drainTimeoutSeconds (%d) + vllm.shutdownTimeoutSeconds (%d) + shutdown.marginSeconds (%d) = %d. Set terminationGracePeriodSeconds >= %d, leave it null to compute it, or lower the timeouts." (int $set) (int $v.sidecar.drainTimeoutSeconds) (int $v.vllm.shutdownTimeoutSeconds) (int $v.shutdown.marginSeconds) $min $min) -}}
+{{- end -}}
+{{- ternary $min $set (kindIs "invalid" $set) | int -}}
+{{- end -}}
+
+{{/*
+Scale-down stabilization of the autoscaler, in seconds: a pod is removed only after the load
+has stayed low for as long as a removed pod may take to come back (the longest start the
+startupProbe allows) plus the time it takes to leave (the drain timeout), so a dip shorter
+than one cold start never trades a serving pod for a cold start:
+  computed = startupFailureThreshold x probes.startup.periodSeconds + sidecar.drainTimeoutSeconds
+(the first term is the start-up budget rounded up to whole probe periods).
+autoscaling.scaleDown.stabilizationWindowSeconds may raise it; a smaller value is refused,
+and so is anything above the HPA's limit of 3600 s. KEDA's cooldownPeriod (the idle time
+before going from one pod to zero) is the same window.
+*/}}
+{{- define "ministream.scaleDownStabilizationSeconds" -}}
+{{- $v := .Values -}}
+{{- $startup := mul (include "ministream.startupFailureThreshold" . | int) (int $v.probes.startup.periodSeconds) -}}
+{{- $drain := int $v.sidecar.drainTimeoutSeconds -}}
+{{- $min := add $startup $drain -}}
+{{- $set := $v.autoscaling.scaleDown.stabilizationWindowSeconds -}}
+{{- $window := ternary $min $set (kindIs "invalid" $set) | int -}}
+{{- if lt $window $min -}}
+{{- fail (printf "autoscaling.scaleDown.stabilizationWindowSeconds=%d is too short: it must be >= the startupProbe's longest start (%d s) + sidecar.drainTimeoutSeconds (%d) = %d. Set it >= %d or leave it null to compute it." $window $startup $drain $min $min) -}}
+{{- end -}}
+{{- if gt $window 3600 -}}
+{{- fail (printf "autoscaling: the scale-down stabilization window (%d s: the startupProbe's longest start %d s + sidecar.drainTimeoutSeconds %d, or autoscaling.scaleDown.stabilizationWindowSeconds) exceeds the HPA's limit of 3600 s: lower probes.startup or the drain timeout." $window $startup $drain) -}}
+{{- end -}}
+{{- $window -}}
+{{- end -}}
+
+{{/* Cross-field checks JSON Schema cannot state: a comparison of two values, a key named by a value. */}}
+{{- define "ministream.validate" -}}
+{{- $v := .Values -}}
+{{- $_ := include "ministream.terminationGracePeriodSeconds" . -}}
+{{- if gt (float64 $v.sidecar.drainMinSeconds) (float64 $v.sidecar.drainTimeoutSeconds) -}}
+{{- fail (printf "sidecar.drainMinSeconds (%v) must not exceed sidecar.drainTimeoutSeconds (%v): the minimum wait is part of the drain timeout" $v.sidecar.drainMinSeconds $v.sidecar.drainTimeoutSeconds) -}}
+{{- end -}}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
+{{- fail (printf "autoscaling.minReplicas (%d) must not exceed autoscaling.maxReplicas (%d)" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
+{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- $_ := include "ministream.scaleDownStabilizationSeconds" . -}}
+{{- end -}}
+{{- if hasKey (default dict $v.vllm.resources.limits) $v.accelerator.resourceName -}}
+{{- fail (printf "do not set vllm.resources.limits.%s: the chart requests tensorParallelSize (%s) devices itself" $v.accelerator.resourceName (include "ministream.tensorParallelSize" .)) -}}
+{{- end -}}
+{{- end -}}

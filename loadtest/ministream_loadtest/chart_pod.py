@@ -1,0 +1,187 @@
+"""The chart's serving pod and rollout strategy, read from `helm template` output.
+
+The rolling-restart experiment restarts replicas exactly as the chart's objects say, so
+every number and command here is taken from the Deployment that `helm template` renders
+from the chart (the one that users install), never recomputed: the grace period, the
+preStop hook's command, vLLM's `--shutdown-timeout`, the readiness probe, the rollout
+strategy, and the sidecar's `MINISTREAM_SIDECAR_*` settings.
+
+Finding the chart and helm: `--chart` (default `./charts/ministream`, i.e. run from a
+checkout of the project) and `--helm` (default: `helm` on PATH, else the project's
+`.tools/bin/helm` under the working directory, where `scripts/install_tools.sh` puts it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_CHART = Path("charts/ministream")
+_LOCAL_HELM = Path(".tools/bin/helm")
+# Kubernetes' default readiness successThreshold, used when the probe does not set one.
+_K8S_DEFAULT_SUCCESS_THRESHOLD = 1
+# Pod wiring that each local pod sets for itself (ports differ per pod on one machine).
+_POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME"}
+_SIDECAR_PREFIX = "MINISTREAM_SIDECAR_"
+
+RolloutMode = Literal["surge", "inPlace"]
+
+# What the experiment's own pods are, for the chart to render at all: CPU processes with no
+# API key, serving `--model` themselves (the rendered volume and --model are not used). Every
+# timing, probe and strategy value stays the chart's default unless the caller overrides it.
+LOCAL_RUN_VALUES: dict[str, Any] = {
+    "accelerator.type": "cpu",
+    "apiKey.enabled": False,
+    "loading.mode": "local",
+    "loading.local.hostPath": "/models",
+}
+
+
+class ChartError(Exception):
+    """The chart could not be found, or helm could not render it."""
+
+
+@dataclass(frozen=True)
+class ChartPod:
+    """What the rendered Deployment says about one serving pod and the rollout."""
+
+    chart: str
+    rollout_mode: RolloutMode
+    max_surge: int
+    max_unavailable: int
+    min_ready_seconds: int
+    termination_grace_period_seconds: int
+    prestop_command: tuple[str, ...]
+    vllm_shutdown_timeout_seconds: int
+    readiness_period_seconds: int
+    readiness_timeout_seconds: int
+    readiness_failure_threshold: int
+    readiness_success_threshold: int
+    sidecar_settings: dict[str, str]  # MINISTREAM_SIDECAR_* plain values, pod wiring removed
+
+    def setting(self, name: str) -> str:
+        """A sidecar setting by its Python name, e.g. `drain_min_seconds`."""
+        return self.sidecar_settings[_SIDECAR_PREFIX + name.upper()]
+
+    @property
+    def drain_timeout_seconds(self) -> float:
+        return float(self.setting("drain_timeout_seconds"))
+
+    @property
+    def drain_min_seconds(self) -> float:
+        return float(self.setting("drain_min_seconds"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "drain_timeout_seconds": self.drain_timeout_seconds,
+            "drain_min_seconds": self.drain_min_seconds,
+        }
+
+
+def find_helm(helm: str | None = None) -> str:
+    found = helm or shutil.which("helm") or (str(_LOCAL_HELM) if _LOCAL_HELM.is_file() else None)
+    if not found:
+        raise ChartError(
+            "helm not found: the experiment renders the chart with `helm template`; put helm on "
+            "PATH, pass --helm PATH, or run scripts/install_tools.sh in the project checkout"
+        )
+    return found
+
+
+def render_deployment(
+    chart: Path = DEFAULT_CHART,
+    values_files: Sequence[Path] = (),
+    sets: dict[str, Any] | None = None,
+    helm: str | None = None,
+) -> dict[str, Any]:
+    """The Deployment `helm template` renders (values files and `--set-json` pairs applied)."""
+    if not (chart / "Chart.yaml").is_file():
+        raise ChartError(
+            f"no Helm chart at {chart}: pass --chart PATH to the ministream chart "
+            "(charts/ministream in the project checkout)"
+        )
+    cmd = [find_helm(helm), "template", "ministream", str(chart)]
+    for f in values_files:
+        cmd += ["-f", str(f)]
+    for key, value in {**LOCAL_RUN_VALUES, **(sets or {})}.items():
+        cmd += ["--set-json", f"{key}={json.dumps(value)}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise ChartError(f"helm template {chart} failed: {proc.stderr.strip()}")
+    deployments = [
+        d for d in yaml.safe_load_all(proc.stdout) if d and d.get("kind") == "Deployment"
+    ]
+    if len(deployments) != 1:
+        raise ChartError(f"expected one Deployment from {chart}, got {len(deployments)}")
+    return deployments[0]
+
+
+def _container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        if c["name"] == name:
+            return dict(c)
+    raise ChartError(f"the rendered pod has no container {name!r}")
+
+
+def _flag(args: list[str], flag: str) -> str:
+    if flag not in args:
+        raise ChartError(f"the rendered vLLM arguments have no {flag}")
+    return args[args.index(flag) + 1]
+
+
+def _mode(max_surge: int, max_unavailable: int) -> RolloutMode:
+    if max_surge >= 1 and max_unavailable == 0:
+        return "surge"
+    if max_surge == 0 and max_unavailable >= 1:
+        return "inPlace"
+    raise ChartError(
+        f"the experiment replays maxSurge 1/maxUnavailable 0 or 0/1, not "
+        f"{max_surge}/{max_unavailable}"
+    )
+
+
+def chart_pod(
+    chart: Path = DEFAULT_CHART,
+    values_files: Sequence[Path] = (),
+    sets: dict[str, Any] | None = None,
+    helm: str | None = None,
+) -> ChartPod:
+    deployment = render_deployment(chart, values_files, sets, helm)
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    vllm, sidecar = _container(pod, "vllm"), _container(pod, "sidecar")
+    readiness = vllm["readinessProbe"]
+    rolling = spec["strategy"]["rollingUpdate"]
+    max_surge, max_unavailable = int(rolling["maxSurge"]), int(rolling["maxUnavailable"])
+    settings = {
+        e["name"]: e["value"]
+        for e in sidecar.get("env", [])
+        if e["name"].startswith(_SIDECAR_PREFIX)
+        and "value" in e
+        and e["name"].removeprefix(_SIDECAR_PREFIX) not in _POD_WIRING
+    }
+    return ChartPod(
+        chart=str(chart),
+        rollout_mode=_mode(max_surge, max_unavailable),
+        max_surge=max_surge,
+        max_unavailable=max_unavailable,
+        min_ready_seconds=int(spec.get("minReadySeconds", 0)),
+        termination_grace_period_seconds=int(pod["terminationGracePeriodSeconds"]),
+        prestop_command=tuple(vllm["lifecycle"]["preStop"]["exec"]["command"]),
+        vllm_shutdown_timeout_seconds=int(_flag(vllm["args"], "--shutdown-timeout")),
+        readiness_period_seconds=int(readiness["periodSeconds"]),
+        readiness_timeout_seconds=int(readiness["timeoutSeconds"]),
+        readiness_failure_threshold=int(readiness["failureThreshold"]),
+        readiness_success_threshold=int(
+            readiness.get("successThreshold", _K8S_DEFAULT_SUCCESS_THRESHOLD)
+        ),
+        sidecar_settings=settings,
+    )

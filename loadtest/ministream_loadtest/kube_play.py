@@ -1,0 +1,255 @@
+"""The chart's rendered pod, run from the images by `podman kube play`: the closest thing to a
+kubelet these machines have (no API server, no Docker daemon; DESIGN §10).
+
+`pod_manifest` turns the Deployment that `helm template` renders into the Pod that podman
+4.3 (Debian bookworm) runs. Everything is passed through as rendered except these
+translations, each for a field that podman 4.3 does not support as Kubernetes does; each
+applied one is listed in `PodManifest.translations` (docs/images.md):
+
+- `kind`: the Deployment's pod template becomes a Pod of the given name (what the ReplicaSet
+  controller would create);
+- native sidecar: an `initContainers` entry with `restartPolicy: Always` moves to the front
+  of `containers` (podman runs init containers to completion before the app containers, so
+  the sidecar would block vLLM forever); its `restartPolicy` field goes;
+- `fieldRef: metadata.namespace` becomes the namespace's literal value (podman supports
+  metadata.name and metadata.uid only);
+- `containers[].ports` go: podman publishes every containerPort on the host's same port, which
+  Kubernetes never does (two pods would collide); pods are reached at their own IP, as in a
+  cluster;
+- `emptyDir: {medium: Memory}` becomes a `hostPath` to a fresh directory (mode 1777) on this
+  host's memory-backed /dev/shm: podman makes a disk volume that only root can write;
+- `extra_env` (the rolling-restart experiment only): per-pod variables appended to the vLLM
+  container's env, standing in for what the kubelet gives each pod (its CPU set).
+
+Probes are left as rendered: podman turns the liveness probe into a healthcheck that needs
+systemd (absent here, so it never runs) and ignores the others; the caller polls the rendered
+readiness probe itself (the test, or HAProxy's check in the experiment). podman runs no
+preStop hook either: the caller runs the rendered command with `podman exec`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PODMAN_HINT = "podman is not installed: run scripts/install_oci.sh"
+_MEMORY_ROOT = Path("/dev/shm")
+_SUPPORTED_FIELD_REFS = {"metadata.name", "metadata.uid"}
+
+
+class KubePlayError(RuntimeError):
+    """podman refused the pod, or one of its containers failed."""
+
+
+@dataclass
+class PodManifest:
+    """A Pod for `podman kube play`, and the translations that made it from the rendering."""
+
+    pod: dict[str, Any]
+    translations: list[str] = field(default_factory=list)
+    memory_dirs: list[Path] = field(default_factory=list)  # hostPath stand-ins to remove
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+    def container(self, name: str) -> dict[str, Any]:
+        for container in self.pod["spec"]["containers"]:
+            if container["name"] == name:
+                return dict(container)
+        raise KeyError(name)
+
+    def yaml(self) -> str:
+        return yaml.safe_dump(self.pod, sort_keys=False)
+
+
+def _note(translations: list[str], text: str) -> None:
+    if text not in translations:
+        translations.append(text)
+
+
+def pod_manifest(
+    rendered: Mapping[str, Any],
+    name: str,
+    *,
+    namespace: str = "default",
+    extra_env: Mapping[str, str] | None = None,
+    env_container: str = "vllm",
+) -> PodManifest:
+    """The rendered Deployment's (or Pod's) pod as a Pod podman 4.3 runs (module docstring)."""
+    if rendered.get("kind") == "Deployment":
+        template = rendered["spec"]["template"]
+        meta = {k: v for k, v in template.get("metadata", {}).items() if k in ("labels",)}
+        spec = copy.deepcopy(template["spec"])
+        translations = ["Deployment: its pod template as a Pod"]
+    else:
+        meta = {k: v for k, v in rendered.get("metadata", {}).items() if k in ("labels",)}
+        spec = copy.deepcopy(rendered["spec"])
+        translations = []
+    result = PodManifest(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": spec},
+        translations,
+    )
+    sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    if sidecars:
+        spec["initContainers"] = [c for c in spec["initContainers"] if c not in sidecars]
+        if not spec["initContainers"]:
+            del spec["initContainers"]
+        for c in sidecars:
+            del c["restartPolicy"]
+        spec["containers"] = sidecars + spec["containers"]
+        _note(translations, "native sidecar (initContainer, restartPolicy Always) -> container")
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            if ref == "metadata.namespace":
+                env.pop("valueFrom")
+                env["value"] = namespace
+                _note(translations, f"fieldRef metadata.namespace -> value {namespace!r}")
+            elif ref is not None and ref not in _SUPPORTED_FIELD_REFS:
+                raise KubePlayError(f"podman 4.3 cannot set {env['name']} from fieldRef {ref}")
+        if container.pop("ports", None):
+            _note(translations, "containers[].ports dropped (podman publishes them on the host)")
+        if extra_env and container["name"] == env_container:
+            container.setdefault("env", []).extend(
+                {"name": k, "value": v} for k, v in extra_env.items()
+            )
+            _note(translations, f"per-pod env added to {env_container}: {sorted(extra_env)}")
+    for volume in spec.get("volumes", []):
+        empty = volume.get("emptyDir")
+        if empty is not None and empty.get("medium") == "Memory":
+            folder = Path(tempfile.mkdtemp(prefix=f"{name}-{volume['name']}-", dir=_MEMORY_ROOT))
+            folder.chmod(0o1777)
+            result.memory_dirs.append(folder)
+            del volume["emptyDir"]
+            volume["hostPath"] = {"path": str(folder), "type": "Directory"}
+            _note(translations, "emptyDir medium Memory -> hostPath on the host's /dev/shm (1777)")
+    return result
+
+
+# ------------------------------------------------------------------------------- podman
+def find_podman() -> str:
+    found = shutil.which("podman")
+    if not found:
+        raise FileNotFoundError(PODMAN_HINT)
+    return found
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300.0) -> str:
+    proc = subprocess.run([find_podman(), *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise KubePlayError(f"podman {' '.join(args[:3])} failed: {proc.stderr.strip()[-2000:]}")
+    return proc.stdout
+
+
+@dataclass
+class PlayedPod:
+    """A pod started by `podman kube play`; its containers are `<pod>-<container>`."""
+
+    manifest: PodManifest
+    workdir: Path
+    network: str | None = None
+    ip: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def container_id(self, container: str) -> str:
+        return f"{self.name}-{container}"
+
+    def play(self) -> PlayedPod:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.workdir / f"{self.name}.yaml"
+        path.write_text(self.manifest.yaml())
+        args = ["kube", "play", "--quiet"]
+        if self.network:
+            args += ["--network", self.network]
+        if self.ip:
+            args += ["--ip", self.ip]
+        podman(*args, str(path))
+        if self.ip is None:
+            self.ip = self.inspect_ip()
+        return self
+
+    def inspect_ip(self) -> str:
+        infra = json.loads(podman("pod", "inspect", self.name))
+        infra = infra[0] if isinstance(infra, list) else infra
+        networks = json.loads(podman("inspect", infra["InfraContainerID"]))[0]
+        for net in networks["NetworkSettings"]["Networks"].values():
+            if net.get("IPAddress"):
+                return str(net["IPAddress"])
+        raise KubePlayError(f"pod {self.name} has no IP address")
+
+    def state(self, container: str) -> tuple[str, int]:
+        """(status, exit code) of one container: running, exited, ..."""
+        out = podman(
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            self.container_id(container),
+        )
+        status, code = out.split()
+        return status, int(code)
+
+    def exec(
+        self, container: str, command: list[str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [find_podman(), "exec", self.container_id(container), *command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop(self, container: str, grace: float) -> tuple[int, bool]:
+        """SIGTERM, then SIGKILL after `grace` s (`podman stop -t`): (exit code, SIGKILLed)."""
+        began = time.monotonic()
+        podman(
+            "stop",
+            "-t",
+            str(max(0, int(grace))),
+            self.container_id(container),
+            timeout=grace + 60,
+        )
+        _, code = self.state(container)
+        # 137 = 128 + SIGKILL: the grace period ran out (podman also logs it).
+        return code, code == 137 and time.monotonic() - began >= int(grace)
+
+    def save_logs(self, log_dir: Path, prefix: str | None = None) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for container in self.manifest.pod["spec"]["containers"]:
+            cid = self.container_id(container["name"])
+            proc = subprocess.run(
+                [find_podman(), "logs", cid], capture_output=True, text=True, timeout=60
+            )
+            (log_dir / f"{prefix or self.name}-{container['name']}.log").write_text(
+                proc.stdout + proc.stderr
+            )
+
+    def remove(self) -> None:
+        podman("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=120)
+        for folder in self.manifest.memory_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def oci_env_ready() -> str | None:
+    """Why this process cannot run podman here (None when it can)."""
+    if os.geteuid() != 0:
+        return "needs root (podman with runc, as configured by scripts/images.py)"
+    if shutil.which("podman") is None:
+        return PODMAN_HINT
+    if not os.environ.get("CONTAINERS_CONF"):
+        return "CONTAINERS_CONF is not set: run `eval $(python3 scripts/images.py env)` first"
+    return None

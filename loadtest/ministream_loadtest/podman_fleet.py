@@ -1,0 +1,190 @@
+"""Runtime `podman` of the rolling-restart experiment: each pod is the chart's rendered pod,
+run from the project's images by `podman kube play` (`kube_play`), not a re-creation of it.
+
+- `PodmanFleet` renders the chart once (the same `helm template` call that `chart_pod` reads
+  the grace period, preStop command and probes from, plus the values that put this run's
+  model and engine flags into the pod: `podman_chart_values`), creates a podman network of
+  its own, and gives each slot a fixed pod IP on it; HAProxy stays the Service's stand-in and
+  sends requests to `<pod IP>:<rendered vLLM port>`, its health check to the rendered
+  readiness probe's port and path.
+- `PodmanPod` keeps `fleet.Pod`'s lifecycle and replaces only how it is carried out: start is
+  `podman kube play`; the preStop hook is the rendered command run inside the vLLM container
+  (`podman exec`, cut off when the grace period runs out); SIGTERM and the grace-period
+  SIGKILL are `podman stop -t <rest of the grace period>` of the vLLM container; then the
+  sidecar container is stopped, as the kubelet stops a native sidecar after the app.
+
+Needs root, podman and the images (`make images`), with CONTAINERS_CONF/
+CONTAINERS_STORAGE_CONF from `scripts/images.py env` (`make bench-serve` sets them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .chart_pod import render_deployment
+from .fleet import _SIDECAR_STOP_SECONDS, Pod, PodTemplate
+from .haproxy import Slot
+from .kube_play import KubePlayError, PlayedPod, oci_env_ready, pod_manifest, podman
+
+_SUBNET_PREFIX = "10.213"
+_FIRST_HOST = 10
+
+
+def podman_chart_values(
+    model: str, served_name: str, vllm_args: tuple[str, ...], env: dict[str, str]
+) -> dict[str, Any]:
+    """Values that put this run's model, served name, engine flags and engine environment into
+    the rendered pod (the process runtime passes the same on its command lines)."""
+    model_dir = Path(model).resolve()
+    engine_env = {
+        # Small engines that share a 2-core box (DESIGN §8); the caller's environment wins.
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        **env,
+    }
+    return {
+        "loading.local.hostPath": str(model_dir.parent),
+        "loading.local.modelDir": model_dir.name,
+        "model.name": served_name,
+        "vllm.extraArgs": list(vllm_args),
+        "vllm.extraEnv": [{"name": k, "value": v} for k, v in engine_env.items()],
+        # No API server here to send Events to, and its token volume is a projected one.
+        "sidecar.events.enabled": False,
+    }
+
+
+def _port(value: Any, ports: dict[str, int]) -> int:
+    return ports[value] if isinstance(value, str) else int(value)
+
+
+class PodmanFleet:
+    name = "podman"
+
+    def __init__(
+        self,
+        chart: Path,
+        values_files: tuple[Path, ...],
+        sets: dict[str, Any],
+        helm: str | None,
+        workdir: Path,
+    ) -> None:
+        if reason := oci_env_ready():
+            raise KubePlayError(f"--runtime podman: {reason}")
+        self.deployment = render_deployment(chart, values_files, sets, helm)
+        self.workdir = workdir
+        self.prefix = f"ms-rollout-{os.getpid()}"
+        spec = self.deployment["spec"]["template"]["spec"]
+        vllm = next(c for c in spec["containers"] if c["name"] == "vllm")
+        ports = {p["name"]: int(p["containerPort"]) for p in vllm.get("ports", []) if "name" in p}
+        self.api_port = ports["http"]
+        self.sidecar_port = _port(vllm["readinessProbe"]["httpGet"]["port"], ports)
+        self.network, self.subnet = self._create_network()
+        self.translations: list[str] = []
+
+    def _create_network(self) -> tuple[str, ipaddress.IPv4Network]:
+        name = self.prefix
+        taken = set(podman("network", "ls", "--format", "{{.Subnets}}").split())
+        for third in random.sample(range(100, 250), 150):
+            subnet = ipaddress.IPv4Network(f"{_SUBNET_PREFIX}.{third}.0/24")
+            if any(str(subnet) in entry for entry in taken):
+                continue
+            proc = subprocess.run(
+                ["podman", "network", "create", "--subnet", str(subnet), name],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode == 0:
+                return name, subnet
+        raise KubePlayError("no free subnet for the experiment's podman network")
+
+    def slots(self, count: int) -> list[Slot]:
+        hosts = list(self.subnet.hosts())
+        return [
+            Slot(i, self.api_port, self.sidecar_port, str(hosts[_FIRST_HOST + i]))
+            for i in range(count)
+        ]
+
+    def pod(self, name: str, slot: Slot, template: PodTemplate) -> PodmanPod:
+        return PodmanPod(name, slot, template, self)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "runtime": self.name,
+            "network": self.network,
+            "subnet": str(self.subnet),
+            "images": sorted(
+                {
+                    c["image"]
+                    for c in self.deployment["spec"]["template"]["spec"]["containers"]
+                    + self.deployment["spec"]["template"]["spec"].get("initContainers", [])
+                }
+            ),
+            "translations": self.translations,
+        }
+
+    def close(self) -> None:
+        podman("network", "rm", "--force", self.network, check=False)
+
+
+class PodmanPod(Pod):
+    """`fleet.Pod`'s lifecycle, carried out by podman on the chart's rendered pod."""
+
+    def __init__(self, name: str, slot: Slot, template: PodTemplate, fleet: PodmanFleet) -> None:
+        super().__init__(name, slot, template)
+        self.fleet = fleet
+        self.played: PlayedPod | None = None
+
+    def start(self) -> PodmanPod:
+        self.template.log_dir.mkdir(parents=True, exist_ok=True)
+        manifest = pod_manifest(
+            self.fleet.deployment,
+            f"{self.fleet.prefix}-{self.name}",
+            extra_env=self.cpu_env(dict(self.template.env)),  # the kubelet's CPU manager
+        )
+        for note in manifest.translations:
+            if note not in self.fleet.translations:
+                self.fleet.translations.append(note)
+        self.events["created"] = self.clock()
+        self.played = PlayedPod(
+            manifest, self.template.log_dir, network=self.fleet.network, ip=self.slot.host
+        )
+        self.played.play()
+        return self
+
+    def check_alive(self) -> None:
+        assert self.played is not None
+        for container in ("vllm", "sidecar"):
+            status, code = self.played.state(container)
+            if status not in ("running", "created", "configured"):
+                self.played.save_logs(self.template.log_dir, self.name)
+                log = self.template.log_dir / f"{self.name}-{container}.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(
+                    f"pod {self.name}: container {container} {status} ({code}):\n{tail}"
+                )
+
+    def _exec_prestop(self, command: list[str], budget: float) -> subprocess.CompletedProcess[str]:
+        """The rendered command inside the vLLM container, with that container's own env."""
+        assert self.played is not None
+        return self.played.exec("vllm", command, timeout=budget)
+
+    def _stop_vllm(self, grace: float) -> tuple[int | None, bool]:
+        assert self.played is not None
+        return self.played.stop("vllm", grace)
+
+    def _stop_sidecar(self) -> None:
+        assert self.played is not None
+        self.played.stop("sidecar", _SIDECAR_STOP_SECONDS)
+
+    def kill(self) -> None:
+        if self.played is not None:
+            with contextlib.suppress(KubePlayError, subprocess.SubprocessError, OSError):
+                self.played.save_logs(self.template.log_dir, self.name)
+            self.played.remove()

@@ -1,0 +1,73 @@
+"""The chart's vLLM command, environment and warmup settings, read from `helm template`.
+
+The cold-start benchmark (cold_start.py) runs on a GPU machine without helm, so the
+chart's defaults are rendered here into a JSON file that travels with the tree:
+
+    python scripts/gpu/chart_args.py [--values FILE] > scripts/gpu/chart-defaults.json
+
+Rendered with the chart's default values plus the minimal local-path scenario
+(`charts/ministream/ci/local-tp1-values.yaml`). Only literal env values are kept (secrets
+and field refs have no meaning outside a pod).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+WARMUP_ENV = {
+    "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "requests",
+    "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "concurrency",
+    "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "prompt_tokens",
+    "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "max_tokens",
+}
+
+
+def _documents(text: str) -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+def extract(manifests: str) -> dict[str, Any]:
+    """vLLM container command+args+literal env, and the sidecar's warmup settings."""
+    deployment = next(d for d in _documents(manifests) if d.get("kind") == "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    vllm = next(c for c in containers if c["name"] == "vllm")
+    sidecar = next(c for c in containers if c["name"] == "sidecar")
+    literal = {e["name"]: e["value"] for e in vllm.get("env", []) if "value" in e}
+    warmup_env = {e["name"]: e.get("value") for e in sidecar.get("env", [])}
+    return {
+        "argv": [*vllm.get("command", []), *vllm.get("args", [])],
+        "env": literal,
+        "warmup": {key: int(warmup_env[env]) for env, key in WARMUP_ENV.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--values", default=str(ROOT / "charts/ministream/ci/local-tp1-values.yaml")
+    )
+    parser.add_argument("--helm", default=str(ROOT / ".tools/bin/helm"))
+    args = parser.parse_args(argv)
+    rendered = subprocess.run(
+        [args.helm, "template", "cold-start", str(ROOT / "charts/ministream"), "-f", args.values],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    out = extract(rendered) | {"rendered_with": Path(args.values).name}
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""Time to Ready of one vLLM OpenAI server, split into phases.
+
+Starts the server as a subprocess exactly as a pod would (plain `vllm serve DIR` with
+vLLM's defaults, or the chart's command, arguments and environment from
+chart-defaults.json, rendered by chart_args.py), stamps every output line with its
+arrival time, polls GET /health, then sends the sidecar's warmup (the chart's request
+count, concurrency, prompt and output lengths) and stops the server with SIGTERM.
+startup_phases.py turns the lines into phases; the result goes to OUT/NAME.json and the
+stamped log to OUT/NAME.log.
+
+    python scripts/gpu/cold_start.py run --name chart-fresh --mode chart --model DIR \
+        --out OUT --cache-root /tmp/cache/a --fresh-cache
+    python scripts/gpu/cold_start.py table OUT      # markdown table of every run in OUT
+
+Caches: `--cache-root` is VLLM_CACHE_ROOT (Triton's cache inside it, as the chart sets
+it); `--fresh-cache` empties it first (a node that never ran the model);
+`--seed-cache-from DIR` first copies DIR's contents there (compile artifacts brought from
+elsewhere). TorchInductor's own cache always starts empty (in a pod it lives in /tmp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from startup_phases import PHASES, parse  # noqa: E402
+
+CHART_DEFAULTS = HERE / "chart-defaults.json"
+TABLE_PHASES = (
+    [p for p, _, _ in PHASES[:4]] + ["compile", "profiling"] + [p for p, _, _ in PHASES[4:]]
+)
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def server_command(mode: str, model: str, port: int) -> tuple[list[str], dict[str, str], str]:
+    """argv, env and served model name for `mode` (vllm-defaults | chart)."""
+    if mode == "vllm-defaults":  # `vllm serve DIR`, as the console script runs it
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
+        return _set_flag(argv, "--port", str(port)), {}, model
+    chart = json.loads(CHART_DEFAULTS.read_text())
+    argv = [sys.executable, *chart["argv"][1:]] if chart["argv"][0] == "python3" else chart["argv"]
+    argv = _set_flag(_set_flag(argv, "--model", model), "--port", str(port))
+    argv = _set_flag(argv, "--host", "127.0.0.1")
+    name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else model
+    return argv, dict(chart["env"]), name
+
+
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 60) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"} if data else {}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null") if body is not None else resp.status
+
+
+def warmup(base: str, model: str, settings: dict[str, int]) -> dict[str, Any]:
+    """The sidecar's warmup: N completions of exact token-id prompts, C at a time."""
+
+    def one(i: int) -> float:
+        # ministream_sidecar.warmup.prompt_token_ids: ids 1..97, first token varies.
+        prompt = [1 + (i * 31 + j * 7) % 97 for j in range(settings["prompt_tokens"])]
+        t0 = time.perf_counter()
+        _http(
+            f"{base}/v1/completions",
+            {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": settings["max_tokens"],
+                "temperature": 0.0,
+                "ignore_eos": True,
+            },
+        )
+        return time.perf_counter() - t0
+
+    with ThreadPoolExecutor(settings["concurrency"]) as pool:
+        latencies = list(pool.map(one, range(settings["requests"])))
+    return {"settings": settings, "latencies_s": latencies}
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(args.cache_root)
+    if args.fresh_cache or args.seed_cache_from:
+        shutil.rmtree(cache, ignore_errors=True)
+    if args.seed_cache_from:
+        shutil.copytree(args.seed_cache_from, cache, symlinks=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
+
+    argv, env_over, served = server_command(args.mode, args.model, args.port)
+    argv += args.extra_arg
+    env = (
+        os.environ
+        | env_over
+        | {
+            "VLLM_CACHE_ROOT": str(cache),
+            "TRITON_CACHE_DIR": str(cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+            "HF_HOME": str(scratch / "hf"),
+            "HOME": os.environ.get("HOME", str(scratch)),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if "PROMETHEUS_MULTIPROC_DIR" in env_over:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(scratch / "prometheus")
+        Path(env["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True)
+    for item in args.env:
+        key, _, value = item.partition("=")
+        env[key] = value
+
+    lines: list[tuple[float, str]] = []
+    t0 = time.time()
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.time() - t0, line.rstrip("\n")))
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{args.port}"
+    health_ok = ready = None
+    result: dict[str, Any] = {
+        "name": args.name,
+        "mode": args.mode,
+        "argv": argv,
+        "env_overrides": env_over | dict(e.partition("=")[::2] for e in args.env),
+        "cache_root": str(cache),
+        "seed_cache_from": args.seed_cache_from,
+    }
+    try:
+        while time.time() - t0 < args.timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode} before /health")
+            try:
+                if _http(f"{base}/health", timeout=2) == 200:
+                    health_ok = time.time() - t0
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"no /health 200 within {args.timeout} s")
+        if args.warmup != "none":
+            settings = json.loads(CHART_DEFAULTS.read_text())["warmup"]
+            result["warmup"] = warmup(base, served, settings)
+        ready = time.time() - t0
+        result["ok"] = True
+    except Exception as exc:  # keep the log and whatever was measured
+        result["ok"] = False
+        result["error"] = repr(exc)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=40)
+        except ProcessLookupError:  # it had exited already (and its children with it)
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        thread.join(timeout=5)
+        shutil.rmtree(scratch, ignore_errors=True)
+    result |= parse(lines, health_ok=health_ok, ready=ready)
+    result["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    (out / f"{args.name}.log").write_text("".join(f"{t:9.3f} {s}\n" for t, s in lines))
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    ph = result["phases"]
+    print(
+        f"{args.name}: ok={result['ok']} total={_f(ph.get('total'))} s "
+        + " ".join(f"{k}={_f(ph.get(k))}" for k in TABLE_PHASES)
+        + f" cache_hit={result['compile_cache_hit']}",
+        flush=True,
+    )
+    if not result["ok"]:
+        print(f"{args.name}: {result.get('error')}; last lines:", flush=True)
+        print("\n".join(text for _, text in lines[-25:]), flush=True)
+    return 0 if result["ok"] else 1
+
+
+def _f(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def table(args: argparse.Namespace) -> int:
+    runs = [json.loads(p.read_text()) for p in sorted(Path(args.dir).glob("*.json"))]
+    runs = [r for r in runs if "phases" in r and "name" in r]
+    order = {name: i for i, name in enumerate(args.order.split(","))} if args.order else {}
+    runs.sort(key=lambda r: order.get(r["name"], len(order)))
+    print("| run | " + " | ".join(TABLE_PHASES) + " | health OK | Ready | compile cache |")
+    print("|---|" + "---:|" * (len(TABLE_PHASES) + 2) + "---|")
+    for r in runs:
+        ph, ev = r["phases"], r["events"]
+        print(
+            f"| {r['name']} | "
+            + " | ".join(_f(ph.get(k)) for k in TABLE_PHASES)
+            + f" | {_f(ev.get('health_ok'))} | {_f(ev.get('ready'))} | "
+            + ("hit" if r.get("compile_cache_hit") else "miss")
+            + " |"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="start one server, time it, stop it")
+    p.add_argument("--name", required=True)
+    p.add_argument("--mode", choices=["vllm-defaults", "chart"], required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--cache-root", required=True)
+    p.add_argument("--fresh-cache", action="store_true")
+    p.add_argument("--seed-cache-from")
+    p.add_argument("--warmup", choices=["chart", "none"], default="chart")
+    p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
+    p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
+    p.add_argument("--timeout", type=float, default=300)
+    p.set_defaults(func=run)
+    t = sub.add_parser("table", help="markdown table of every run in a folder")
+    t.add_argument("dir")
+    t.add_argument("--order", default="", help="comma-separated run names, in this order")
+    t.set_defaults(func=table)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,286 @@
+"""Forward-pass parity: the MiniStream plugin vs vLLM's built-in Llama, at fixed shapes.
+
+Three engines live in ONE process on one device: `plugin` (the converted directory),
+`llama_a` and `llama_b` (two Llama twins of it, `ministream_reference.golden.as_llama`:
+same weight files, config naming `LlamaForCausalLM`). Each runs vLLM's normal path
+(torch.compile + CUDA graphs on a GPU) and times the model's forward pass inside the
+worker (forward_timer.py: CUDA events around the runner's forward call). Per round, every
+engine runs every shape once, the engine order rotating through all six permutations, so
+drift and position effects hit all three alike.
+
+Shapes: `decode:B` = B prompts of (context - steps/2) tokens decoding `--decode-steps`
+tokens (mean context = `--context`); its figure is the median forward time of the pure
+decode steps. `prefill:PxL` = P prompts of L tokens, max_tokens=1; its figure is the
+forward time of that one prefill. Prefix caching is off, so every prefill computes.
+
+Reported per shape: parity = t(llama_a) / t(plugin) per round (> 1: the plugin is faster)
+and the A/A control = t(llama_a) / t(llama_b) per round, each as the median over rounds
+with a 95 % bootstrap interval; the same two ratios from each round's end-to-end
+`LLM.generate` wall time as a second view; whether plugin and llama_a produced identical
+tokens.
+
+    python scripts/gpu/forward_parity.py --model DIR --out F.json \
+        --llm-args '{"dtype": "bfloat16", "gpu_memory_utilization": 0.25}'     # GPU
+    python scripts/gpu/forward_parity.py --model DIR --out F.json --smoke      # CPU, CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from paired_stats import fmt_ratio, ratio_summary  # noqa: E402
+
+PROCESS_START = time.time()
+ENGINES = ("plugin", "llama_a", "llama_b")
+GPU_SHAPES = "decode:1,decode:16,decode:64,decode:256,prefill:1x2048,prefill:8x512"
+SMOKE_SHAPES = "decode:1,decode:4,prefill:1x64"
+
+
+def parse_shape(spec: str) -> tuple[str, int, int]:
+    """`decode:B` -> ("decode", B, 0); `prefill:PxL` -> ("prefill", P, L)."""
+    kind, _, size = spec.partition(":")
+    if kind == "decode" and size.isdigit():
+        return kind, int(size), 0
+    if kind == "prefill" and "x" in size:
+        p, _, length = size.partition("x")
+        if p.isdigit() and length.isdigit():
+            return kind, int(p), int(length)
+    raise ValueError(f"bad shape {spec!r}: use decode:B or prefill:PxL")
+
+
+def shape_figure(kind: str, calls: list[tuple[int, str, float]]) -> tuple[float, int]:
+    """The shape's forward time (ms) from one rep's timed calls, and how many went in.
+
+    decode: the pure decode steps are the most frequent batch size; their median.
+    prefill: max_tokens=1, so every call is prefill; their sum (one call unless chunked).
+    """
+    if not calls:
+        raise RuntimeError("no forward call was timed: the timer is not on the runner's path")
+    if kind == "prefill":
+        return sum(ms for _, _, ms in calls), len(calls)
+    mode, _ = Counter(n for n, _, _ in calls).most_common(1)[0]
+    steps = [ms for n, _, ms in calls if n == mode]
+    return statistics.median(steps), len(steps)
+
+
+def _prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[str, Any]]:
+    return [
+        {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(n)
+    ]
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import vllm
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"vllm": vllm.__version__, "torch": torch.__version__, "device": device}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default=GPU_SHAPES)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=48, help="at most this many rounds")
+    parser.add_argument("--min-rounds", type=int, default=6)
+    parser.add_argument(
+        "--stop-after-s",
+        type=float,
+        default=1e9,
+        help="no new round this many seconds after the process started (fits a time limit)",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=240, help="no new round after this many seconds"
+    )
+    parser.add_argument(
+        "--llm-args",
+        default='{"dtype": "bfloat16", "max_model_len": 2560, "gpu_memory_utilization": 0.25}',
+        help="JSON kwargs for vllm.LLM, identical for all three engines",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU/CI: tiny shapes, 2 rounds, float32, eager (checks the code path, not speed)",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.context, args.decode_steps = SMOKE_SHAPES, 64, 8
+        args.rounds, args.min_rounds = 2, 2
+        args.llm_args = '{"dtype": "float32", "max_model_len": 256, "enforce_eager": true}'
+    shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    llm_args = json.loads(args.llm_args) | {
+        "seed": 0,
+        "enable_prefix_caching": False,
+        "worker_extension_cls": "forward_timer.ForwardTimer",
+    }
+    # Every engine-core process must import forward_timer.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+    )
+
+    import ministream
+
+    ministream.register()
+    from vllm import LLM, SamplingParams
+
+    from ministream_reference.golden import as_llama
+
+    tmp = Path(tempfile.mkdtemp(prefix="parity-"))
+    dirs = {
+        "plugin": args.model,
+        "llama_a": str(as_llama(args.model, tmp / "llama_a")),
+        "llama_b": str(as_llama(args.model, tmp / "llama_b")),
+    }
+    engines: dict[str, Any] = {}
+    init_s: dict[str, float] = {}
+    wrapped: dict[str, Any] = {}
+    for name in ENGINES:
+        t0 = time.perf_counter()
+        engines[name] = LLM(model=dirs[name], **llm_args)
+        init_s[name] = time.perf_counter() - t0
+        wrapped[name] = engines[name].collective_rpc("forward_timer_install")[0]
+        print(f"{name}: engine up in {init_s[name]:.1f} s, timing {wrapped[name]}", flush=True)
+
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+
+    def rep(
+        name: str, kind: str, n: int, length: int, seed: int
+    ) -> tuple[float, int, float, list[list[int]]]:
+        rng = random.Random(seed)
+        if kind == "decode":
+            prompts = _prompts(rng, n, args.context - args.decode_steps // 2, vocab)
+            params = SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True)
+        else:
+            prompts = _prompts(rng, n, length, vocab)
+            params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        llm = engines[name]
+        llm.collective_rpc("forward_timer_fetch")  # drop anything recorded before
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        calls = llm.collective_rpc("forward_timer_fetch")[0]
+        ms, used = shape_figure(kind, calls)
+        return ms, used, wall, [list(o.outputs[0].token_ids) for o in outs]
+
+    shape_names = [s for s in args.shapes.split(",")]
+    for name in ENGINES:  # warm-up: one untimed rep of every shape
+        for kind, n, length in shapes:
+            rep(name, kind, n, length, seed=-1)
+
+    versions = _versions()
+
+    def write_report(rounds: int, resamples: int = 4000) -> dict[str, Any]:
+        """Summarise and write the JSON (after every round: a killed run keeps its rounds)."""
+        results: dict[str, Any] = {}
+        for spec in shape_names:
+            f, w = fwd[spec], wall[spec]
+            results[spec] = {
+                "forward_ms": f,
+                "wall_s": w,
+                "median_forward_ms": {e: statistics.median(f[e]) for e in ENGINES},
+                "timed_calls_per_rep": statistics.median(steps_used[spec]),
+                "parity_forward": ratio_summary(f["llama_a"], f["plugin"], resamples),
+                "aa_forward": ratio_summary(f["llama_a"], f["llama_b"], resamples),
+                "parity_e2e": ratio_summary(w["llama_a"], w["plugin"], resamples),
+                "aa_e2e": ratio_summary(w["llama_a"], w["llama_b"], resamples),
+                "identical_tokens_plugin_vs_llama": (
+                    f"{sum(same_tokens[spec])}/{len(same_tokens[spec])}"
+                ),
+            }
+        report = {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+            "versions": versions,
+            "settings": {
+                "shapes": shape_names,
+                "context": args.context,
+                "decode_steps": args.decode_steps,
+                "rounds": rounds,
+                "llm_args": llm_args,
+            },
+            "engine_init_s": init_s,
+            "timer": wrapped,
+            "ratio_definition": "t(llama_a)/t(plugin) and t(llama_a)/t(llama_b) per round; "
+            "> 1 means the first-named engine is slower",
+            "shapes": results,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        return results
+
+    fwd: dict[str, dict[str, list[float]]] = {s: {e: [] for e in ENGINES} for s in shape_names}
+    wall: dict[str, dict[str, list[float]]] = {s: {e: [] for e in ENGINES} for s in shape_names}
+    steps_used: dict[str, list[int]] = {s: [] for s in shape_names}
+    same_tokens: dict[str, list[bool]] = {s: [] for s in shape_names}
+    orders = list(itertools.permutations(ENGINES))
+    t_start = time.perf_counter()
+    rounds = 0
+    while rounds < args.rounds and (
+        rounds < args.min_rounds
+        or (
+            time.perf_counter() - t_start < args.budget_s
+            and time.time() - PROCESS_START < args.stop_after_s
+        )
+    ):
+        order = orders[rounds % len(orders)]
+        for spec, (kind, n, length) in zip(shape_names, shapes, strict=True):
+            tokens: dict[str, list[list[int]]] = {}
+            for name in order:
+                ms, used, seconds, tokens[name] = rep(name, kind, n, length, seed=rounds)
+                fwd[spec][name].append(ms)
+                wall[spec][name].append(seconds)
+                if name == "plugin":
+                    steps_used[spec].append(used)
+            same_tokens[spec].append(tokens["plugin"] == tokens["llama_a"])
+        rounds += 1
+        print(
+            f"round {rounds}: "
+            + "  ".join(
+                f"{s} " + "/".join(f"{fwd[s][e][-1]:.3f}" for e in ENGINES) for s in shape_names
+            ),
+            flush=True,
+        )
+        write_report(rounds, resamples=200)  # a cheap interim copy; the final one below
+
+    results = write_report(rounds)
+    print(f"\n{rounds} rounds. Ratio = t(llama_a) / t(x): median [95% CI]")
+    print(
+        f"{'shape':<16} {'plugin ms':>10} {'llama ms':>10}  {'parity fwd':<24} {'A/A fwd':<24} "
+        f"{'parity e2e':<24} {'A/A e2e':<24} same tokens"
+    )
+    for spec, r in results.items():
+        m = r["median_forward_ms"]
+        print(
+            f"{spec:<16} {m['plugin']:>10.3f} {m['llama_a']:>10.3f}  "
+            f"{fmt_ratio(r['parity_forward']):<24} {fmt_ratio(r['aa_forward']):<24} "
+            f"{fmt_ratio(r['parity_e2e']):<24} {fmt_ratio(r['aa_e2e']):<24} "
+            f"{r['identical_tokens_plugin_vs_llama']}"
+        )
+    print(f"JSON: {args.out}")
+    for llm in engines.values():
+        del llm
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

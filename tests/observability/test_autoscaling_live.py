@@ -1,0 +1,229 @@
+"""The chart's autoscaling signal and the inference gateway's metrics, against the live stack:
+the session's real vLLM (CPU) scraped every second by a real Prometheus (conftest.py).
+
+The autoscaling query is taken verbatim from the ScaledObject that `helm template` renders for
+release `ms` in namespace `ministream-test`: the scrape config labels the live vLLM with that
+namespace and a Deployment-style pod name of that release (promkit.NAMESPACE, promkit.POD), so
+the chart's release selector matches it unchanged. The threshold is a value
+(`autoscaling.target.requestsPerReplica`); it is set to 4 here, below what the load keeps in
+flight, because a tiny model on two CPU cores saturates at fewer requests than a GPU pod.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from promkit import NAMESPACE, POD, ROOT, PrometheusServer
+
+from ministream_observability.autoscaling import ADAPTER_MATCHERS, SIGNALS
+from ministream_testkit.vllm_server import metrics_text, request_counts
+from ministream_testkit.waiting import wait_until
+
+pytestmark = [pytest.mark.engine, pytest.mark.network]
+
+CHART = ROOT / "charts" / "ministream"
+THRESHOLD = 4
+IN_FLIGHT = 8  # concurrent clients of the load, twice the threshold
+# The metrics the upstream endpoint picker scores pods on with its default "vllm" engine
+# config: kubernetes-sigs/gateway-api-inference-extension v1.5.0 (the last release shipping
+# the picker before it moved to llm-d/llm-d-router),
+# pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go (defaultEngineConfigs)
+# and pkg/epp/server/options.go (the same names as flag defaults).
+PICKER_GAUGES = {
+    "vllm:num_requests_waiting": "queue length",
+    "vllm:num_requests_running": "running batch",
+    "vllm:kv_cache_usage_perc": "KV-cache usage",
+}
+PICKER_CACHE_INFO = ("vllm:cache_config_info", ("block_size", "num_gpu_blocks"))
+PICKER_LORA_INFO = "vllm:lora_requests_info"
+
+
+def _helm() -> str:
+    for candidate in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm")):
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    pytest.fail("helm not found: run scripts/install_tools.sh", pytrace=False)
+
+
+def _render(*sets: str) -> list[dict[str, Any]]:
+    args = [_helm(), "template", "ms", str(CHART), "--namespace", NAMESPACE]
+    args += ["-f", str(CHART / "ci" / "fleet-values.yaml")]
+    for s in (f"autoscaling.target.requestsPerReplica={THRESHOLD}", *sets):
+        args += ["--set-json", s]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def trigger() -> dict[str, Any]:
+    """The requests-per-replica trigger of the rendered ScaledObject."""
+    (so,) = [d for d in _render() if d["kind"] == "ScaledObject"]
+    (t,) = [t for t in so["spec"]["triggers"] if t.get("name") == "requests-per-replica"]
+    assert float(t["metadata"]["threshold"]) == THRESHOLD and t["metricType"] == "Value"
+    return t
+
+
+class InFlight:
+    """`clients` threads that each keep one long completion in vLLM until the block ends."""
+
+    def __init__(self, vllm: Any, clients: int) -> None:
+        self._vllm, self._stop = vllm, threading.Event()
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
+
+    def _loop(self) -> None:
+        body = {
+            "model": self._vllm.served_name,
+            "prompt": [5] * 16,
+            "max_tokens": 480,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        with httpx.Client(base_url=self._vllm.url, timeout=300) as client:
+            while not self._stop.is_set():
+                try:
+                    client.post("/v1/completions", json=body).raise_for_status()
+                except httpx.HTTPError as e:
+                    self.errors.append(e)
+                    return
+
+    def __enter__(self) -> InFlight:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(300)
+        if exc_type is None:
+            assert not self.errors, f"the load's requests failed: {self.errors}"
+
+
+def _value(prom: PrometheusServer, query: str) -> float | None:
+    """The query's value as KEDA's Prometheus scaler reads it: it requires exactly one sample
+    (kedacore/keda v2.20.2 pkg/scalers/prometheus_scaler.go: "returned multiple elements")."""
+    result = prom.query(query)
+    if not result:
+        return None
+    assert len(result) == 1, result
+    return float(result[0]["value"][1])
+
+
+def _adapter_query(signal_index: int) -> str:
+    """The HPA path: prometheus-adapter's per-pod query for the HPA's pods, with the label
+    matchers it substitutes for <<.LabelMatchers>> (namespace, then the pods as a regex)."""
+    matchers = f'namespace="{NAMESPACE}",pod=~"{POD}"'
+    return SIGNALS[signal_index].per_pod(ADAPTER_MATCHERS).replace(ADAPTER_MATCHERS, matchers)
+
+
+def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
+    vllm_server: Any, prometheus: PrometheusServer, trigger: dict[str, Any], record_property: Any
+) -> None:
+    query = trigger["metadata"]["query"]
+    assert f'namespace="{NAMESPACE}"' in query  # scoped to the release, as rendered
+    prom = prometheus
+
+    def idle_value() -> float:
+        """The signal from a scrape taken after vLLM reported nothing running or waiting."""
+        wait_until(lambda: request_counts(vllm_server.url) == (0, 0), 300, 0.2, what="vLLM idle")
+        idle_since = time.time()
+        scraped = f'timestamp(vllm:num_requests_running{{namespace="{NAMESPACE}"}}) > {idle_since}'
+        prom.wait_for(scraped, 30, "a scrape of the idle engine")
+        value = _value(prom, query)
+        assert value is not None, f"no data: {query}"
+        return value
+
+    idle_before = idle_value()
+
+    busy: list[float] = []
+    with InFlight(vllm_server, IN_FLIGHT) as load:
+
+        def above() -> bool:
+            if load.errors:
+                raise load.errors[0]
+            value = _value(prom, query)
+            if value is not None:
+                busy.append(value)
+            return value is not None and value > THRESHOLD
+
+        wait_until(
+            above,
+            180,
+            0.5,
+            what=f"the signal above {THRESHOLD} under load",
+            detail=lambda: f"values seen: {busy[-20:]}",
+        )
+        running, waiting = request_counts(vllm_server.url)
+        # The HPA engine's path reads the same signal: the per-pod metric prometheus-adapter
+        # serves, averaged over the pods by the HPA, is the KEDA query's value.
+        at = time.time() - 1
+        keda_at = float(prom.query(query, at=at)[0]["value"][1])
+        per_pod = [float(r["value"][1]) for r in prom.query(_adapter_query(0), at=at)]
+        assert per_pod and sum(per_pod) / len(per_pod) == pytest.approx(keda_at)
+    peak = max(busy)
+
+    idle_after = idle_value()
+    record_property("requests_per_replica_idle_before", idle_before)
+    record_property("requests_per_replica_busy_peak", peak)
+    record_property("requests_per_replica_idle_after", idle_after)
+    print(
+        f"\nrequests per replica: idle {idle_before:g}, busy peak {peak:g} "
+        f"(threshold {THRESHOLD}, {IN_FLIGHT} clients; vLLM then had {running:g} running, "
+        f"{waiting:g} waiting), idle again {idle_after:g}"
+    )
+    assert idle_before < THRESHOLD < peak and idle_after < THRESHOLD
+    assert idle_before == idle_after == 0
+
+
+def test_kv_cache_signal_runs_on_the_live_scrape(
+    vllm_server: Any, prometheus: PrometheusServer
+) -> None:
+    """The second signal returns one sample in [0, 1], and its adapter form agrees."""
+    (so,) = [
+        d for d in _render("autoscaling.target.kvCacheUsage=0.8") if d["kind"] == "ScaledObject"
+    ]
+    (t,) = [t for t in so["spec"]["triggers"] if t.get("name") == "kv-cache-usage"]
+    query = t["metadata"]["query"]
+    wait_until(lambda: _value(prometheus, query) is not None, 60, 0.5, what="the KV-cache signal")
+    value = _value(prometheus, query)
+    assert value is not None
+    assert 0 <= value <= 1
+    per_pod = [float(r["value"][1]) for r in prometheus.query(_adapter_query(1))]
+    assert len(per_pod) == 1 and 0 <= per_pod[0] <= 1
+
+
+def test_endpoint_picker_metrics_exist_in_a_live_vllm_scrape(vllm_server: Any) -> None:
+    """Every metric the endpoint picker scores on is in vLLM 0.32's own /metrics, as a gauge.
+
+    `vllm:lora_requests_info` is not: vLLM creates it only with LoRA enabled, and MiniStream
+    serves no adapters (MiniStreamForCausalLM does not implement SupportsLoRA; the chart passes
+    no --enable-lora). The picker tolerates that: a missing LoRA family is a partial metrics
+    update, not a failure (v1.5.0 pkg/epp/backend/metrics/pod_metrics.go, "Optimistically
+    update metrics even if there was an error"), so it scores on queue and KV cache alone."""
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(vllm_server.url))}
+    for name, what in PICKER_GAUGES.items():
+        assert name in families, f"{name} ({what}) missing from vLLM's /metrics"
+        assert families[name].type == "gauge", (name, families[name].type)
+        assert families[name].samples, name
+    name, labels = PICKER_CACHE_INFO
+    (sample, *_) = families[name].samples
+    for label in labels:
+        assert int(sample.labels[label]) > 0, (name, label, sample.labels)
+    assert PICKER_LORA_INFO not in families

@@ -1,0 +1,345 @@
+"""The H200 benchmark scripts (scripts/gpu/, scripts/compile_cache.py) on the CPU build.
+
+The GPU figures in docs/benchmarks.md#h200 come from these scripts on a lent H200; here CI
+runs the same code paths on the tiny model so that a device call never fails on a typo.
+Unit tests check the pure parts (statistics, log phases, shape figures, the compile-cache
+manifest check); `engine` tests run each script end to end and assert on the structure
+of what it writes, never on speed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_SCRIPTS = ROOT / "scripts" / "gpu"
+
+
+@pytest.fixture
+def gpu_module(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(GPU_SCRIPTS))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+
+    def load(name: str) -> ModuleType:
+        return importlib.import_module(name)
+
+    return load
+
+
+def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    stats = gpu_module("paired_stats")
+    summary = stats.ratio_summary([1.0, 1.1, 0.9, 1.05, 0.95, 1.0], [1.0] * 6)
+    lo, hi = summary["ci95"]
+    assert summary["n"] == 6
+    assert lo <= summary["median"] <= hi
+    assert summary["min"] == pytest.approx(0.9)
+    # Identical values: a zero-width interval.
+    assert stats.bootstrap_median_ci([2.0] * 5) == (2.0, 2.0)
+    assert stats.fmt_ratio({"n": 0}) == "n/a"
+
+
+def test_shape_figures_pick_decode_steps_and_sum_prefill(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    parity = gpu_module("forward_parity")
+    assert parity.parse_shape("decode:16") == ("decode", 16, 0)
+    assert parity.parse_shape("prefill:8x512") == ("prefill", 8, 512)
+    with pytest.raises(ValueError, match="bad shape"):
+        parity.parse_shape("decode:x")
+    # Two prefill chunks, then four decode steps of batch 16.
+    calls = [(4096, "model", 9.0), (4096, "model", 9.5)] + [
+        (16, "full_graph", t) for t in (1, 2, 3, 4)
+    ]
+    assert parity.shape_figure("decode", calls) == (2.5, 4)
+    assert parity.shape_figure("prefill", calls[:2]) == (18.5, 2)
+    with pytest.raises(RuntimeError, match="no forward call"):
+        parity.shape_figure("decode", [])
+
+
+E = "(EngineCore pid=1) INFO "
+SAMPLE_LOG = [
+    (0.5, "INFO [api_utils.py:273] non-default args: {'model': '/m'}"),
+    (4.0, E + "[core.py:115] Initializing a V1 LLM engine (v0.25.1) with config: x"),
+    (8.0, E + "[default_loader.py:431] Loading weights took 1.54 seconds"),
+    (8.2, E + "[model_runner.py:303] Model loading took 2.25 GiB and 1.790000 seconds"),
+    (9.0, E + "[backends.py:1149] Dynamo bytecode transform time: 3.10 s"),
+    (12.0, E + "[backends.py:394] Compiling a graph for compile range (1, 8192) takes 2.50 s"),
+    (12.5, E + "[monitor.py:52] torch.compile took 6.20 s in total"),
+    (13.2, E + "[gpu_worker.py:539] Available KV cache memory: 30.1 GiB"),
+    (17.0, E + "[model_runner.py:723] Graph capturing finished in 4 secs, took 0.5 GiB"),
+    (17.3, E + "[core.py:345] init engine (profile, create kv cache, warmup model) took 9.0 s"),
+    (19.0, "INFO [api_server.py:616] Starting vLLM server on http://0.0.0.0:8000"),
+]
+
+
+def test_startup_phases_add_up_to_the_total(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    phases = gpu_module("startup_phases")
+    result = phases.parse(SAMPLE_LOG, health_ok=19.4, ready=21.0)
+    ph = result["phases"]
+    assert ph["imports"] == pytest.approx(0.5)
+    assert ph["weights"] == pytest.approx(4.2)
+    assert ph["compile"] == pytest.approx(6.2)
+    assert ph["profiling"] == pytest.approx(5.0 - 6.2)  # compile ran inside that window
+    assert ph["graph_capture"] == pytest.approx(3.8)
+    assert ph["warmup"] == pytest.approx(1.6)
+    assert ph["total"] == pytest.approx(21.0)
+    consecutive = [p for p, _, _ in phases.PHASES]
+    assert sum(ph[p] for p in consecutive) == pytest.approx(21.0)
+    assert result["logged"]["weights_read_s"] == pytest.approx(1.54)
+    assert result["logged"]["model_load_s"] == pytest.approx(1.79)
+    assert result["logged"]["graph_capture_logged_s"] == pytest.approx(4.0)
+    assert result["compile_cache_hit"] is False
+
+
+def test_startup_phases_missing_marker_gives_none_not_a_wrong_number(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    phases = gpu_module("startup_phases")
+    without_graphs = [line for line in SAMPLE_LOG if "Graph capturing" not in line[1]]
+    ph = phases.parse(without_graphs, health_ok=19.4, ready=None)["phases"]
+    assert ph["graph_capture"] is None
+    # The next phase spans the gap instead: KV cache ready -> engine ready.
+    assert ph["engine_finish"] == pytest.approx(17.3 - 13.2)
+    assert ph["warmup"] is None
+    assert ph["total"] == pytest.approx(19.4)
+
+
+def test_chart_args_extract_reads_the_vllm_container() -> None:
+    sys.path.insert(0, str(GPU_SCRIPTS))
+    try:
+        chart_args = importlib.import_module("chart_args")
+    finally:
+        sys.path.remove(str(GPU_SCRIPTS))
+    manifests = """
+kind: Deployment
+spec:
+  template:
+    spec:
+      initContainers:
+        - name: sidecar
+          env:
+            - {name: MINISTREAM_SIDECAR_WARMUP_REQUESTS, value: "8"}
+            - {name: MINISTREAM_SIDECAR_WARMUP_CONCURRENCY, value: "2"}
+            - {name: MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS, value: "128"}
+            - {name: MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS, value: "16"}
+      containers:
+        - name: vllm
+          command: [python3, -m, vllm.entrypoints.openai.api_server]
+          args: [--model, /models/m]
+          env:
+            - {name: VLLM_CACHE_ROOT, value: /var/cache/vllm}
+            - name: VLLM_API_KEY
+              valueFrom: {secretKeyRef: {name: k, key: api-key}}
+"""
+    out = chart_args.extract(manifests)
+    assert out["argv"][-2:] == ["--model", "/models/m"]
+    assert out["env"] == {"VLLM_CACHE_ROOT": "/var/cache/vllm"}
+    assert out["warmup"] == {
+        "requests": 8,
+        "concurrency": 2,
+        "prompt_tokens": 128,
+        "max_tokens": 16,
+    }
+
+
+def test_committed_chart_defaults_match_the_chart() -> None:
+    """scripts/gpu/chart-defaults.json is what `helm template` renders today."""
+    helm = ROOT / ".tools" / "bin" / "helm"
+    if not helm.exists():
+        pytest.skip("helm is not installed (make setup-tools)")
+    fresh = subprocess.run(
+        [sys.executable, str(GPU_SCRIPTS / "chart_args.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    committed = json.loads((GPU_SCRIPTS / "chart-defaults.json").read_text())
+    assert json.loads(fresh) == committed, (
+        "re-render: python scripts/gpu/chart_args.py > scripts/gpu/chart-defaults.json"
+    )
+
+
+def test_compile_cache_round_trip_and_refusals(
+    gpu_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    cc = gpu_module("compile_cache")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "ministream_manifest.json").write_text(json.dumps({"model_hash": "abc"}))
+    cache = tmp_path / "cache"
+    (cache / "torch_compile_cache" / "h").mkdir(parents=True)
+    (cache / "torch_compile_cache" / "h" / "artifact").write_bytes(b"x" * 10)
+    (cache / "other").mkdir()  # not compile output: stays behind
+    archive = tmp_path / "cc.tar"
+    monkeypatch.setattr(cc, "accelerator", lambda: "Test GPU sm_90")
+    manifest = cc.pack(cache, str(model), archive)
+    assert manifest["model_hash"] == "abc"
+
+    seeded = cc.unpack(archive, tmp_path / "seeded", str(model))
+    assert seeded["seeded"] is True
+    assert (
+        tmp_path / "seeded" / "torch_compile_cache" / "h" / "artifact"
+    ).read_bytes() == b"x" * 10
+    assert not (tmp_path / "seeded" / "other").exists()
+
+    (model / "ministream_manifest.json").write_text(json.dumps({"model_hash": "def"}))
+    refused = cc.unpack(archive, tmp_path / "refused", str(model))
+    assert refused["seeded"] is False and "model_hash" in refused["reason"]
+    assert not (tmp_path / "refused").exists()
+
+    monkeypatch.setattr(cc, "accelerator", lambda: "Other GPU sm_80")
+    (model / "ministream_manifest.json").write_text(json.dumps({"model_hash": "abc"}))
+    assert "accelerator" in cc.unpack(archive, tmp_path / "r2", str(model))["reason"]
+    assert cc.unpack(tmp_path / "absent.tar", tmp_path / "r3", str(model))["seeded"] is False
+
+    # An archive with a path outside the cache's folders is refused whole.
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(archive) as src, tarfile.open(evil, "w") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+        info = tarfile.TarInfo("etc/passwd")
+        dst.addfile(info)
+    monkeypatch.setattr(cc, "accelerator", lambda: "Test GPU sm_90")
+    assert "outside" in cc.unpack(evil, tmp_path / "r4", str(model))["reason"]
+
+
+# --- end to end on the CPU build (structure only) --------------------------------------
+
+
+def _run(
+    args: list[str], env_extra: dict[str, str], timeout: int
+) -> subprocess.CompletedProcess[str]:
+    env = (
+        os.environ
+        | {
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT / "plugins"), str(ROOT / "devtools"), os.environ.get("PYTHONPATH", "")]
+            ),
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+        }
+        | env_extra
+    )
+    return subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(3600)
+def test_forward_parity_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "parity.json"
+    proc = _run(
+        [
+            str(GPU_SCRIPTS / "forward_parity.py"),
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+            "--smoke",
+        ],
+        {},
+        3000,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["settings"]["rounds"] == 2
+    assert set(report["shapes"]) == {"decode:1", "decode:4", "prefill:1x64"}
+    for shape in report["shapes"].values():
+        assert set(shape["forward_ms"]) == {"plugin", "llama_a", "llama_b"}
+        assert all(len(v) == 2 and min(v) > 0 for v in shape["forward_ms"].values())
+        for key in ("parity_forward", "aa_forward", "parity_e2e", "aa_e2e"):
+            lo, hi = shape[key]["ci95"]
+            assert lo <= shape[key]["median"] <= hi
+        # Same weights, same kernels: greedy tokens agree (float32 on CPU).
+        assert shape["identical_tokens_plugin_vs_llama"] == "2/2"
+
+
+@pytest.mark.engine
+@pytest.mark.network
+@pytest.mark.timeout(3600)
+def test_cold_start_phases_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
+    proc = _run(
+        [
+            str(GPU_SCRIPTS / "cold_start.py"),
+            "run",
+            "--name",
+            "chart-cpu",
+            "--mode",
+            "chart",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path),
+            "--port",
+            "18437",
+            "--cache-root",
+            str(tmp_path / "cache"),
+            "--fresh-cache",
+            "--timeout",
+            "1500",
+            "--extra-arg=--max-model-len=256",
+            "--extra-arg=--enforce-eager",
+        ],
+        {},
+        1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "chart-cpu.json").read_text())
+    assert result["ok"] is True
+    ph = result["phases"]
+    for phase in ("imports", "engine_core_start", "weights", "health", "warmup", "total"):
+        assert ph[phase] is not None and ph[phase] >= 0, phase
+    assert len(result["warmup"]["latencies_s"]) == 8  # the chart's warmup request count
+    assert (tmp_path / "chart-cpu.log").stat().st_size > 0
+    table = _run([str(GPU_SCRIPTS / "cold_start.py"), "table", str(tmp_path)], {}, 60)
+    assert "| chart-cpu |" in table.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(3600)
+def test_fp8_compare_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
+    reference = tmp_path / "reference.json"
+    ref = _run(
+        [
+            "-m",
+            "ministream_reference.golden",
+            "--engine",
+            "reference",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(reference),
+        ],
+        {},
+        600,
+    )
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    out = tmp_path / "fp8.json"
+    proc = _run(
+        [
+            str(GPU_SCRIPTS / "fp8_compare.py"),
+            "--model",
+            str(tiny_model_dir),
+            "--reference",
+            str(reference),
+            "--out",
+            str(out),
+            "--smoke",
+        ],
+        {},
+        3000,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    bf16 = report["variants"]["bf16"]  # float32 in smoke mode; the label is the variant's
+    assert bf16["accuracy_vs_fp32_reference"]["identical_share"] == 1.0
+    assert bf16["weight_bytes_total"] > 0
+    assert set(bf16["performance"]) == {"c=1", "c=4"}
+    # FP8 on the CPU build: served, or refused with the reason recorded (never silent).
+    fp8 = report["variants"]["fp8"]
+    assert "error" in fp8 or fp8["weight_bytes_total"] < bf16["weight_bytes_total"]
