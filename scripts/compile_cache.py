@@ -1,7 +1,8 @@
 """Ship vLLM's compile artifacts with the model, and use them only where they fit.
 
-A pod's first start spends 14-23 s in torch.compile (docs/benchmarks.md#h200). vLLM
-keeps the result under `VLLM_CACHE_ROOT` (the chart mounts an emptyDir there, or a PVC);
+A pod's first start spends 18-21 s in torch.compile and 14-18 s in vLLM 0.25's kernel
+warmup (Triton JIT) on an H200 (docs/benchmarks.md#h200). vLLM keeps both results under
+`VLLM_CACHE_ROOT` (the chart mounts an emptyDir there, or a PVC);
 a later start with the same vLLM, torch, model and GPU loads it instead of compiling.
 This packs that directory once, beside the model (local dir, PVC or the S3 prefix the
 weights come from), so a node that never ran the model starts warm without a shared
@@ -12,11 +13,12 @@ PVC:
     python scripts/compile_cache.py unpack --archive DIR/.compile-cache/cache.tar \
         --cache-root /var/cache/vllm --model DIR      # e.g. in an init container
 
-`unpack` first checks the archive's manifest against this machine: vLLM version, torch
-version, accelerator (name and compute capability) and the model's hash (the converter's
-`ministream_manifest.json`). On any mismatch it extracts nothing and says why: vLLM then
-compiles as usual (its own cache key would miss anyway; this keeps a stale archive from
-being copied in at all). Exit status 0 either way, so a pod never fails over a cache.
+The archive holds the whole cache root. `unpack` first checks its manifest against this
+machine: vLLM version, torch version, accelerator (name and compute capability) and the
+model's hash (the converter's `ministream_manifest.json`). On any mismatch it extracts
+nothing and says why: vLLM then compiles as usual (its own cache key would miss anyway;
+this keeps a stale archive from being copied in at all). Exit status 0 either way, so a
+pod never fails over a cache.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from typing import Any
 
 MANIFEST = "ministream-compile-cache.json"
 FORMAT_VERSION = 1
-# What vLLM needs to skip compilation: its torch.compile cache (AOT artifacts and
-# Inductor graphs). Triton kernels are rebuilt from these; the chart puts Triton's own
-# cache inside VLLM_CACHE_ROOT as well, so it travels when present.
-KEEP = ("torch_compile_cache", "triton")
+# The whole VLLM_CACHE_ROOT travels: besides torch.compile's artifacts
+# (torch_compile_cache/) it holds what vLLM 0.25's V2 runner compiles at its kernel
+# warmup (Triton's cache, which the chart points inside it; deep_gemm/, FlashInfer
+# autotune results). On the H200 a warm root cut torch.compile from 18-21 s to 3.1-3.6 s
+# and that warmup from 14-18 s to 0.6 s (docs/benchmarks.md#h200).
 
 
 def _version(*dists: str) -> str:
@@ -92,9 +95,9 @@ def identity(model_dir: str | Path) -> dict[str, str]:
 
 
 def pack(cache_root: Path, model_dir: str, out: Path) -> dict[str, Any]:
-    members = [cache_root / k for k in KEEP if (cache_root / k).exists()]
+    members = sorted(p for p in cache_root.iterdir() if p.resolve() != out.resolve())
     if not members:
-        raise SystemExit(f"nothing to pack: {cache_root} has none of {', '.join(KEEP)}")
+        raise SystemExit(f"nothing to pack: {cache_root} is empty")
     manifest = {"format_version": FORMAT_VERSION, "created": time.time()} | identity(model_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -131,8 +134,13 @@ def unpack(archive: Path, cache_root: Path, model_dir: str) -> dict[str, Any]:
         if wrong:
             return {"seeded": False, "reason": "; ".join(wrong)}
         names = [m for m in tar.getmembers() if m.name != MANIFEST]
-        if any(Path(m.name).parts[0] not in KEEP for m in names):
-            return {"seeded": False, "reason": "archive holds paths outside the cache"}
+        # The "data" filter refuses absolute paths, `..` and links leaving the folder;
+        # checked for every member before anything is written.
+        try:
+            for info in names:
+                tarfile.data_filter(info, str(cache_root))
+        except tarfile.FilterError as exc:
+            return {"seeded": False, "reason": f"archive holds an unsafe path: {exc}"}
         cache_root.mkdir(parents=True, exist_ok=True)
         tar.extractall(cache_root, members=names, filter="data")
     return {"seeded": True, "manifest": manifest}

@@ -180,13 +180,16 @@ def run(args: argparse.Namespace) -> int:
             result["warmup"] = warmup(base, served, settings)
         ready = time.time() - t0
         result["ok"] = True
-    except Exception as exc:  # keep the log and whatever was measured
+    except (Exception, KeyboardInterrupt) as exc:  # keep the log and what was measured
+        # KeyboardInterrupt: an outer `timeout -s INT` ran out (h200.sh); the server is
+        # still stopped and the partial result still written.
         result["ok"] = False
         result["error"] = repr(exc)
+        result["health_seconds_so_far"] = time.time() - t0
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=40)
+            proc.wait(timeout=args.stop_timeout)
         except ProcessLookupError:  # it had exited already (and its children with it)
             pass
         except subprocess.TimeoutExpired:
@@ -251,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", choices=["chart", "none"], default="chart")
     p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
     p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
-    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health")
+    p.add_argument(
+        "--stop-timeout", type=float, default=20, help="seconds after SIGTERM before SIGKILL"
+    )
     p.set_defaults(func=run)
     t = sub.add_parser("table", help="markdown table of every run in a folder")
     t.add_argument("dir")

@@ -12,7 +12,11 @@
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64, each
 #     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
-#     DEADLINE=<epoch s> skips variants that could not finish before it
+#     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
+#     run, default 200): a fresh-cache start took > 95 s on 2026-12-01, give it >= 180.
+#     The API server needs packages ../shared/gpu does not pack: carry `.whl` (uvicorn,
+#     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
+#     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
 # Several steps in one call: STEPS="parity coldstart" bash scripts/gpu/h200.sh multi "$OUT".
 # PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
@@ -21,7 +25,7 @@
 # Results: JSON + logs under $OUT; `python scripts/gpu/report.py DIR` renders the tables.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|loaders [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|fp8|multi [OUT]}
 out=${2:-/tmp/out}
 mkdir -p "$out"
 M=$HOME/m
@@ -132,8 +136,12 @@ case "$step" in
                            --extra-arg=--max-cudagraph-capture-size=64) ;;
         *) echo "unknown variant $v"; continue ;;
       esac
-      timeout ${COLD_LIMIT:-200} python3 scripts/gpu/cold_start.py run --name "$v${SUFFIX:-}" \
-        --model $M/gpu-1b --out "$out/cold" --timeout $(( ${COLD_LIMIT:-200} - 15 )) "${a[@]}"
+      # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
+      # makes cold_start.py stop the server and write what it has (issue 17's first
+      # fresh-start runs were killed by a bare `timeout` and wrote nothing).
+      timeout -s INT -k 30 ${COLD_LIMIT:-200} python3 scripts/gpu/cold_start.py run \
+        --name "$v${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \
+        --timeout $(( ${COLD_LIMIT:-200} - 35 )) "${a[@]}"
     done
     python3 scripts/gpu/cold_start.py table "$out/cold" ;;
   fp8)

@@ -54,8 +54,36 @@ def golden_rows(root: Path, preset: str) -> list[str]:
     return rows
 
 
+def forward_parity_rows(root: Path) -> list[str]:
+    """forward_parity.py's JSON: per shape, parity and A/A, forward and end to end."""
+    data = _load(root / "forward-parity.json")
+    if not data:
+        return []
+
+    def cell(summary: dict[str, Any]) -> str:
+        lo, hi = summary["ci95"]
+        return f"{summary['median']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    rows = [
+        f"{data['settings']['rounds']} rounds; ratio = t(Llama A) / t(x), median [95 % CI]\n",
+        "| shape | plugin ms | Llama ms | parity (forward) | A/A (forward) | "
+        "parity (end to end) | A/A (end to end) |",
+        "|---|---:|---:|---|---|---|---|",
+    ]
+    for shape, r in data["shapes"].items():
+        m = r["median_forward_ms"]
+        rows.append(
+            f"| {shape} | {m['plugin']:.3f} | {m['llama_a']:.3f} | {cell(r['parity_forward'])} | "
+            f"{cell(r['aa_forward'])} | {cell(r['parity_e2e'])} | {cell(r['aa_e2e'])} |"
+        )
+    return rows
+
+
 def main(root_arg: str) -> int:
     root = Path(root_arg)
+    if rows := forward_parity_rows(root):
+        print("### Forward-pass parity (scripts/gpu/forward_parity.py)\n")
+        print("\n".join(rows) + "\n")
     print("### Golden check (vLLM bf16 vs reference fp32 on the GPU)\n")
     print(
         f"| model | engine | tokens equal | identical + logprobs (atol {BF16_ATOL}) | "
