@@ -141,7 +141,8 @@ class HAProxy:
         self.workdir = workdir
         self.slots = slots
         self.port = free_port()
-        self.socket_path = workdir / "haproxy.sock"
+        # Absolute: HAProxy reads a relative `stats socket` path as a host:port address.
+        self.socket_path = workdir.resolve() / "haproxy.sock"
         self.config_path = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
         self.config_path.write_text(

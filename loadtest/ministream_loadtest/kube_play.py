@@ -18,6 +18,14 @@ applied one is listed in `PodManifest.translations` (docs/images.md):
   cluster;
 - `emptyDir: {medium: Memory}` becomes a `hostPath` to a fresh directory (mode 1777) on this
   host's memory-backed /dev/shm: podman makes a disk volume that only root can write;
+- every other `emptyDir` volume is renamed `<pod>-<volume>` (and its mounts with it): podman
+  4.3 makes a named volume called by the volume's name, which every pod using that name
+  shares (seen here: two replicas' vLLMs in one PROMETHEUS_MULTIPROC_DIR, PIDs colliding
+  across their PID namespaces, crashed one with "file is corrupted"); an emptyDir is the
+  pod's own. podman removes these volumes with the pod;
+- a mount of an emptyDir with a `subPath` gets an emptyDir of its own, `<volume>-<subPath>`
+  (podman 4.3 ignores subPath there: the sidecar and vLLM would share one /tmp), which is
+  what subdirectories of one fresh empty directory amount to;
 - `extra_env` (the rolling-restart experiment only): per-pod variables appended to the vLLM
   container's env, standing in for what the kubelet gives each pod (its CPU set).
 
@@ -126,8 +134,12 @@ def pod_manifest(
                 {"name": k, "value": v} for k, v in extra_env.items()
             )
             _note(translations, f"per-pod env added to {env_container}: {sorted(extra_env)}")
+    renamed: dict[str, str] = {}
     for volume in spec.get("volumes", []):
         empty = volume.get("emptyDir")
+        if empty is not None and empty.get("medium") != "Memory":
+            renamed[volume["name"]] = volume["name"] = f"{name}-{volume['name']}"
+            _note(translations, "emptyDir volumes renamed <pod>-<volume> (podman shares by name)")
         if empty is not None and empty.get("medium") == "Memory":
             folder = Path(tempfile.mkdtemp(prefix=f"{name}-{volume['name']}-", dir=_MEMORY_ROOT))
             folder.chmod(0o1777)
@@ -135,6 +147,21 @@ def pod_manifest(
             del volume["emptyDir"]
             volume["hostPath"] = {"path": str(folder), "type": "Directory"}
             _note(translations, "emptyDir medium Memory -> hostPath on the host's /dev/shm (1777)")
+    own: dict[str, dict[str, Any]] = {}  # emptyDirs split off by subPath
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        for mount in container.get("volumeMounts", []):
+            mount["name"] = renamed.get(mount["name"], mount["name"])
+            if mount["name"] in renamed.values() and mount.get("subPath"):
+                volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+                split = f"{mount['name']}-{mount.pop('subPath').strip('/').replace('/', '-')}"
+                own.setdefault(split, {**copy.deepcopy(volume), "name": split})
+                mount["name"] = split
+                _note(translations, "subPath of an emptyDir -> an emptyDir of its own")
+    if own:
+        used = {m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
+        spec["volumes"] = [
+            v for v in spec["volumes"] if v["name"] in used or v["name"] not in renamed.values()
+        ] + list(own.values())
     return result
 
 

@@ -56,6 +56,8 @@ EXPECTED_TRANSLATIONS = {
     f"fieldRef metadata.namespace -> value {NAMESPACE!r}",
     "containers[].ports dropped (podman publishes them on the host)",
     "emptyDir medium Memory -> hostPath on the host's /dev/shm (1777)",
+    "emptyDir volumes renamed <pod>-<volume> (podman shares by name)",
+    "subPath of an emptyDir -> an emptyDir of its own",
 }
 
 

@@ -80,7 +80,7 @@ def test_no_compiler_build_leftovers_or_pip_cache(built_images: dict[str, Any], 
     leftovers = run_in(
         tag,
         "ls -d /root/.cache /tmp/* /opt/ministream/src/build /opt/ministream/src/*.egg-info "
-        "/var/lib/apt/lists/*.lz4 /var/lib/apt/lists/*_Packages* /var/cache/apt/archives/*.deb "
+        "/var/lib/apt/lists/*_Packages* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb "
         "2>/dev/null; find / -xdev -name 'pip-*' -path '*/tmp/*' 2>/dev/null; true",
         user="0",
     )
