@@ -326,6 +326,7 @@ def build(
         "--isolation",
         "chroot",
         "--layers",
+        "--force-rm",  # no working container left behind by a failed step
         "-f",
         str(image.dockerfile),
         "--ignorefile",

@@ -12,8 +12,8 @@
 Both roles also fail when a development package (load tests, test oracles, the dashboard
 generator; docs/packaging.md) is importable: the images carry the runtime packages only.
 
-Run as the last step of each Dockerfile and by tests/charts/test_docker_images.py, so a broken
-install step fails CI although no image is built there. Exits non-zero with the reasons.
+Run as the last step of each Dockerfile (`make images` builds them in CI) and, outside an
+image, by tests/charts/test_docker_images.py. Exits non-zero with the reasons.
 """
 
 from __future__ import annotations

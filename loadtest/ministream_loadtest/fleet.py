@@ -16,7 +16,9 @@ from `helm template`): vLLM through the launcher's command line
 4. the native sidecar container gets SIGTERM once vLLM has exited.
 
 Processes are `ministream_sidecar.processes.Child`ren (the lifecycle `ministream up` uses):
-each leads its own process group, so a kill reaches vLLM's engine-core children.
+each leads its own process group, so a kill reaches vLLM's engine-core children. This is the
+`process` runtime (`ProcessFleet`); the `podman` runtime (`podman_fleet.PodmanPod`) keeps this
+lifecycle and carries each step out on the chart's rendered pod, run from the images.
 
 CPU: each pod's vLLM workers are bound to cores of their own while this machine's CPUs
 last (`VLLM_CPU_OMP_THREADS_BIND`, unless the caller sets it), as a kubelet's static CPU

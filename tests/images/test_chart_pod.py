@@ -18,6 +18,7 @@ Marked `images`, `engine` (a real vLLM in the CPU image) and `root`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -49,6 +50,10 @@ pytestmark = [
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "cpu-local-tp1-values.yaml"
 RELEASE, NAMESPACE = "ms", "serving"
+# Unique on this machine, as a ReplicaSet's pod names are in a cluster: podman's names (pods,
+# containers, the emptyDir volumes) are machine-wide, and two test sessions (two checkouts'
+# CI runs on one machine) would otherwise remove each other's pods.
+POD_NAME = f"{RELEASE}-ministream-{os.getpid()}"
 # What podman 4.3 cannot run as rendered (ministream_loadtest.kube_play, docs/images.md).
 EXPECTED_TRANSLATIONS = {
     "Deployment: its pod template as a Pod",
@@ -143,7 +148,7 @@ def chart_pod(
     model_dir = _model_on_host_path(models, tmp_path_factory.mktemp("hostpath"))
     docs = _render(model_dir)
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
-    manifest = pod_manifest(deployment, f"{RELEASE}-ministream-0", namespace=NAMESPACE)
+    manifest = pod_manifest(deployment, POD_NAME, namespace=NAMESPACE)
     workdir = tmp_path_factory.mktemp("chart-pod")
     pod = PlayedPod(manifest, workdir)
     run = ChartPodRun(pod, deployment, docs, manifest.translations)
@@ -234,7 +239,7 @@ def test_helm_test_pod_passes(chart_pod: ChartPodRun, tmp_path: Path) -> None:
     assert service["spec"]["ports"][0]["targetPort"] in ("http", chart_pod.api_port)
     [test_pod] = [d for d in chart_pod.docs if d["kind"] == "Pod"]
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    manifest = pod_manifest(test_pod, f"{RELEASE}-ministream-test", namespace=NAMESPACE)
+    manifest = pod_manifest(test_pod, f"{POD_NAME}-test", namespace=NAMESPACE)
     [container] = manifest.pod["spec"]["containers"]
     for env in container["env"]:
         if env["name"] == "BASE_URL":
