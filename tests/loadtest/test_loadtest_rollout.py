@@ -166,7 +166,7 @@ def test_rolling_restart_with_drain_drops_no_request(with_drain: dict[str, Any])
 
 def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any]) -> None:
     report = without_drain
-    assert report["drain"] is False and report["restarts"] == 2
+    assert report["drain"] is False and report["restarts"] == 1  # --restarts 1
     assert report["rollout_mode"] == "inPlace" and report["endpoint_lag_s"] == 6
     assert report["failed"] > 0
     check_counts_against_raw(report)
