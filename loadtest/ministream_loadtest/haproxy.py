@@ -167,6 +167,8 @@ class HAProxy:
         )
         if check.returncode != 0:
             raise RuntimeError(f"haproxy refused its config:\n{check.stdout}{check.stderr}")
+        # A socket left by an earlier run in this workdir would pass the wait below at once.
+        self.socket_path.unlink(missing_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(
             [self.binary, "-db", "-f", str(self.config_path)],

@@ -267,6 +267,10 @@ class PlayedPod:
 
     def remove(self) -> None:
         podman("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=120)
+        # podman removes the pod's emptyDir volumes with it, but once left one behind.
+        for volume in self.manifest.pod["spec"].get("volumes", []):
+            if "emptyDir" in volume:
+                podman("volume", "rm", "--force", volume["name"], check=False, timeout=60)
         for folder in self.manifest.memory_dirs:
             shutil.rmtree(folder, ignore_errors=True)
 
