@@ -34,8 +34,8 @@ import pytest
 import yaml
 from imagekit import ROOT
 
-from ministream_loadtest.chart_pod import find_helm
 from ministream_loadtest.kube_play import PlayedPod, pod_manifest, podman
+from ministream_testkit.helm import helm_path
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
 from tests.support.models import ModelFactory
 
@@ -133,7 +133,7 @@ def _render(model_dir: Path) -> list[dict[str, Any]]:
         "loading.local.modelDir": model_dir.name,
         "vllm.extraArgs": list(TINY_ENGINE_ARGS),
     }
-    cmd = [find_helm(str(ROOT / ".tools" / "bin" / "helm")), "template", RELEASE, str(CHART)]
+    cmd = [helm_path(), "template", RELEASE, str(CHART)]
     cmd += ["--namespace", NAMESPACE, "-f", str(VALUES)]
     for key, value in sets.items():
         cmd += ["--set-json", f"{key}={json.dumps(value)}"]

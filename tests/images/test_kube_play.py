@@ -14,16 +14,16 @@ import pytest
 import yaml
 from imagekit import ROOT
 
-from ministream_loadtest.chart_pod import find_helm
 from ministream_loadtest.haproxy import Slot, render_config
 from ministream_loadtest.kube_play import KubePlayError, pod_manifest
 from ministream_loadtest.podman_fleet import podman_chart_values
+from ministream_testkit.helm import helm_path
 
 CHART = ROOT / "charts" / "ministream"
 
 
 def _deployment(**sets: Any) -> dict[str, Any]:
-    cmd = [find_helm(str(ROOT / ".tools" / "bin" / "helm")), "template", "ms", str(CHART)]
+    cmd = [helm_path(), "template", "ms", str(CHART)]
     cmd += ["--namespace", "serving", "-f", str(CHART / "ci" / "cpu-local-tp1-values.yaml")]
     for key, value in sets.items():
         cmd += ["--set-json", f"{key}={json.dumps(value)}"]
@@ -134,7 +134,7 @@ def test_podman_values_put_the_model_and_engine_flags_into_the_pod(tmp_path: Pat
 def test_haproxy_reaches_a_slot_at_its_address() -> None:
     from ministream_loadtest.chart_pod import chart_pod
 
-    probe = chart_pod(CHART, helm=find_helm(str(ROOT / ".tools" / "bin" / "helm")))
+    probe = chart_pod(CHART, helm=helm_path())
     config = render_config(
         frontend_port=1,
         socket_path=Path("/tmp/s"),

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from imagekit import ROOT
 
+from ministream_testkit.helm import helm_path
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
 from tests.support.models import ModelFactory
 
@@ -43,14 +44,13 @@ def report(
     built_images: dict[str, Any], models: ModelFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("rollout-podman")
-    helm = ROOT / ".tools" / "bin" / "helm"
     cmd = [
         sys.executable, "-m", "ministream_loadtest", "rollout", "--runtime", "podman",
         "--replicas", "1", "--rollout-mode", "surge", "--restarts", "1", "--rate", "4",
         "--model", str(models.converted("tiny", "float32")),
         "--served-model-name", "ministream-tiny", "--output", str(out / "rollout.json"),
         "--chart", str(ROOT / "charts" / "ministream"),
-        *(["--helm", str(helm)] if helm.is_file() else []),
+        "--helm", helm_path(),
         "--", *TINY_ENGINE_ARGS,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3300)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import pytest
 import yaml
 
 from ministream_reference.golden import reference_completions
+from ministream_testkit.helm import helm_path
 from ministream_testkit.net import accepts, free_port
 from ministream_testkit.waiting import wait_until
 from tests.loading.helpers import PROMPTS, assert_same_tokens, serve
@@ -161,18 +161,11 @@ def identity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServe
                 proc.wait(10)
 
 
-def _helm() -> str:
-    for candidate in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm")):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    pytest.fail("helm not found: run scripts/install_tools.sh", pytrace=False)
-
-
 @pytest.fixture(scope="module")
 def chart_env(identity: IdentityServer) -> dict[str, str]:
     """The vLLM container's plain environment, as the chart renders it without a key Secret."""
     args = [
-        _helm(),
+        helm_path(),
         "template",
         "ms",
         str(CHART),

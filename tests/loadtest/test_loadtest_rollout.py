@@ -25,6 +25,7 @@ import pytest
 
 from ministream_loadtest.haproxy import find_haproxy
 from ministream_loadtest.records import CONNECTION_CAUSES
+from ministream_testkit.helm import helm_path
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(3600)]
 
@@ -39,7 +40,6 @@ CONTROL_ENDPOINT_LAG = "6"
 VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"  # the experiment replays this chart's rendered pod
-LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"  # scripts/install_tools.sh
 
 
 def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
@@ -62,7 +62,8 @@ def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
         RATE,
         "--chart",
         str(CHART),
-        *(["--helm", str(LOCAL_HELM)] if LOCAL_HELM.is_file() else []),
+        "--helm",
+        helm_path(),
         *extra,
         "--",
         *VLLM_ARGS,

@@ -28,6 +28,7 @@ from ministream_loadtest.records import classify_error, latency_summary, load_re
 from ministream_loadtest.rollout import max_load_seconds
 from ministream_loadtest.scenarios import load_scenario, resolve_scenario, shipped_scenarios
 from ministream_loadtest.slo import point_report
+from ministream_testkit.helm import helm_path
 
 # The demo model is served with --max-model-len 2048 (Makefile `serve`, `bench-serve`).
 DEMO_MAX_MODEL_LEN = 2048
@@ -90,12 +91,11 @@ def test_engine_flags_parse_with_vllms_own_parser(tmp_path: Path) -> None:
 # --- the chart's rendered pod -----------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"
-LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"  # scripts/install_tools.sh
 
 
 def rendered_pod(**sets: Any) -> ChartPod:
-    helm = str(LOCAL_HELM) if LOCAL_HELM.is_file() else None
-    return chart_pod(CHART, sets={k.replace("__", "."): v for k, v in sets.items()}, helm=helm)
+    sets = {k.replace("__", "."): v for k, v in sets.items()}
+    return chart_pod(CHART, sets=sets, helm=helm_path())
 
 
 def test_the_experiment_takes_its_pod_from_helm_template() -> None:

@@ -11,11 +11,9 @@ flight, because a tiny model on two CPU cores saturates at fewer requests than a
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promkit import NAMESPACE, POD, ROOT, PrometheusServer
 
 from ministream_observability.autoscaling import ADAPTER_MATCHERS, SIGNALS
+from ministream_testkit.helm import helm_path
 from ministream_testkit.vllm_server import metrics_text, request_counts
 from ministream_testkit.waiting import wait_until
 
@@ -48,15 +47,8 @@ PICKER_CACHE_INFO = ("vllm:cache_config_info", ("block_size", "num_gpu_blocks"))
 PICKER_LORA_INFO = "vllm:lora_requests_info"
 
 
-def _helm() -> str:
-    for candidate in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm")):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    pytest.fail("helm not found: run scripts/install_tools.sh", pytrace=False)
-
-
 def _render(*sets: str) -> list[dict[str, Any]]:
-    args = [_helm(), "template", "ms", str(CHART), "--namespace", NAMESPACE]
+    args = [helm_path(), "template", "ms", str(CHART), "--namespace", NAMESPACE]
     args += ["-f", str(CHART / "ci" / "fleet-values.yaml")]
     for s in (f"autoscaling.target.requestsPerReplica={THRESHOLD}", *sets):
         args += ["--set-json", s]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,21 +13,15 @@ from promkit import ROOT, promtool
 
 from ministream_observability.alerts import ALL_NAMESPACES
 from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
+from ministream_testkit.helm import helm_path
 
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "local-tp1-values.yaml"
 SELECTOR = 'namespace="serving", pod=~"ms-ministream-[a-z0-9]+-[a-z0-9]+"'
 
 
-def _helm() -> str:
-    for candidate in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm")):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    pytest.fail("helm not found: run scripts/install_tools.sh", pytrace=False)
-
-
 def _render(*sets: str) -> list[dict[str, Any]]:
-    args = [_helm(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(VALUES)]
+    args = [helm_path(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(VALUES)]
     for s in sets:
         args += ["--set", s]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60)
