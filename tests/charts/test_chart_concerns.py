@@ -13,15 +13,14 @@ import os
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from chartkit import CHART, HelmError, Rendered, render
 
 from ministream_sidecar import client
+from ministream_testkit.stand_in_sidecar import stand_in_sidecar
 
 SHARDED = {"shardedState", "runaiStreamerSharded"}
 S3_MODES = {"runaiStreamer", "runaiStreamerSharded"}
@@ -300,34 +299,16 @@ def test_default_grace_period_is_the_least_the_chart_accepts(scenario: Path, val
         render(scenario, terminationGracePeriodSeconds=grace - 1)
 
 
-class _FakeSidecar(BaseHTTPRequestHandler):
-    calls: ClassVar[list[tuple[str, str, str | None]]] = []
-
-    def do_POST(self) -> None:
-        self.calls.append(("POST", self.path, self.headers.get("Authorization")))
-        body = json.dumps({"outcome": "idle", "duration_seconds": 0.1}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 def test_prestop_hook_drains_through_the_sidecar(tmp_path: Path) -> None:
     """The rendered hook, run as the kubelet would (python3 swapped for this interpreter, the
     image's own python3), POSTs /drain with the token and reports the sidecar's answer."""
     hook = prestop_command(pod_spec(render(CHART / "ci" / "local-tp1-values.yaml")))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeSidecar)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with stand_in_sidecar() as sidecar:
         proc = subprocess.run(
             [sys.executable, *hook[1:]],
             env={
                 **os.environ,
-                "MINISTREAM_SIDECAR_PORT": str(server.server_address[1]),
+                "MINISTREAM_SIDECAR_PORT": str(sidecar.port),
                 "MINISTREAM_SIDECAR_TOKEN": "s3cret",
             },
             capture_output=True,
@@ -335,10 +316,8 @@ def test_prestop_hook_drains_through_the_sidecar(tmp_path: Path) -> None:
             timeout=60,
             cwd=tmp_path,
         )
-    finally:
-        server.shutdown()
     assert proc.returncode == 0, proc.stderr
-    assert _FakeSidecar.calls == [("POST", "/drain", "Bearer s3cret")]
+    assert sidecar.seen == [("POST", "/drain", "Bearer s3cret")]
     assert json.loads(proc.stdout)["drain"]["body"]["outcome"] == "idle"
 
 
