@@ -40,6 +40,17 @@ FLEET = CHART / "ci" / "fleet-values.yaml"
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 KEDA = {"serverAddress": "http://prometheus.monitoring.svc:9090"}
 DOCS = ROOT / "docs"
+# A KEDA trigger that wakes a scaled-to-zero release (vLLM's own metrics vanish with its
+# last pod, so they cannot).
+WAKE = {
+    "type": "cron",
+    "metadata": {
+        "timezone": "UTC",
+        "start": "0 8 * * *",
+        "end": "0 20 * * *",
+        "desiredReplicas": "1",
+    },
+}
 
 
 def pod_spec(rendered: Rendered) -> dict[str, Any]:
@@ -203,21 +214,12 @@ def test_keda_trigger_is_the_generated_queue_query(tmp_path: Path) -> None:
 
 
 def test_kv_cache_signal_and_extra_triggers(tmp_path: Path) -> None:
-    wake = {
-        "type": "cron",
-        "metadata": {
-            "timezone": "UTC",
-            "start": "0 8 * * *",
-            "end": "0 20 * * *",
-            "desiredReplicas": "1",
-        },
-    }
     out = autoscaled(
         tmp_path,
         "keda",
         minReplicas=0,
         target={"requestsPerReplica": 8, "kvCacheUsage": 0.75},
-        keda={**KEDA, "extraTriggers": [wake], "authenticationRef": "prometheus-auth"},
+        keda={**KEDA, "extraTriggers": [WAKE], "authenticationRef": "prometheus-auth"},
     )
     so = out.one("ScaledObject")
     names = [t.get("name") for t in so["spec"]["triggers"]]
@@ -226,7 +228,7 @@ def test_kv_cache_signal_and_extra_triggers(tmp_path: Path) -> None:
     assert requests["metadata"]["threshold"] == "8" and kv["metadata"]["threshold"] == "0.75"
     assert kv["metadata"]["query"] == autoscaling.SIGNALS[1].per_replica(release_selector())
     assert requests["authenticationRef"] == {"name": "prometheus-auth"}
-    assert extra == wake and so["spec"]["minReplicaCount"] == 0
+    assert extra == WAKE and so["spec"]["minReplicaCount"] == 0
     assert not crd_errors(out)
 
 
@@ -256,22 +258,13 @@ def test_hpa_reads_the_generated_adapter_metrics(tmp_path: Path) -> None:
 def test_scale_to_zero_notes_cite_a_cold_start_measured_here(tmp_path: Path) -> None:
     from chartkit import run_helm
 
-    wake = {
-        "type": "cron",
-        "metadata": {
-            "timezone": "UTC",
-            "start": "0 8 * * *",
-            "end": "0 20 * * *",
-            "desiredReplicas": "1",
-        },
-    }
     over = write(
         tmp_path,
         {
             "autoscaling": {
                 "enabled": True,
                 "minReplicas": 0,
-                "keda": {**KEDA, "extraTriggers": [wake]},
+                "keda": {**KEDA, "extraTriggers": [WAKE]},
             }
         },
     )
