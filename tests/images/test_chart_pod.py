@@ -36,7 +36,8 @@ from imagekit import ROOT
 
 from ministream_loadtest.kube_play import PlayedPod, pod_manifest, podman
 from ministream_testkit.helm import helm_path
-from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, request_counts
+from ministream_testkit.waiting import wait_until
 from tests.support.models import ModelFactory
 
 pytestmark = [
@@ -268,13 +269,18 @@ def test_prestop_drains_the_pod(chart_pod: ChartPodRun) -> None:
         target=lambda: in_flight.append(
             _http(
                 chart_pod.url(chart_pod.api_port, "/v1/completions"),
-                {"model": served, "prompt": "a", "max_tokens": 200, "ignore_eos": True},
+                {"model": served, "prompt": "a", "max_tokens": 480, "ignore_eos": True},
                 timeout=300,
             )
         )
     )
     request.start()
-    time.sleep(1.0)
+    # The hook must find the request running in vLLM (480 tokens: seconds on the tiny model).
+    wait_until(
+        lambda: request_counts(chart_pod.url(chart_pod.api_port, ""))[0] >= 1,
+        timeout=60,
+        what="the completion to be running in the pod's vLLM",
+    )
     began = time.monotonic()
     hook = chart_pod.pod.exec("vllm", command, timeout=grace)
     hook_seconds = time.monotonic() - began

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from promkit import NAMESPACE, POD, ROOT, LiveStack, PrometheusServer, ScrapeTarget
 
 from ministream_observability.generate import RULES_FILE
+from ministream_testkit.load import BusyEngine, client, completion
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.vllm_server import metrics_text, request_counts, sum_samples
 from ministream_testkit.waiting import wait_until
@@ -128,21 +128,6 @@ def prometheus(
         server.stop()
 
 
-def _completion(client: httpx.Client, model: str, prompt: list[int], max_tokens: int) -> None:
-    r = client.post(
-        "/v1/completions",
-        json={
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        },
-        timeout=300,
-    )
-    r.raise_for_status()
-
-
 def _load(vllm: Any, seconds: float, concurrency: int) -> int:
     """Completions for `seconds` from `concurrency` threads; a 200-token shared prefix (more
     than one 128-token CPU KV block) gives the prefix cache something to hit."""
@@ -151,10 +136,10 @@ def _load(vllm: Any, seconds: float, concurrency: int) -> int:
     sent = [0] * concurrency
 
     def worker(n: int) -> None:
-        with httpx.Client(base_url=vllm.url) as client:
+        with client(vllm.url) as http:
             while time.monotonic() < stop:
                 suffix = [(n * 13 + sent[n] * 5 + i) % 97 + 1 for i in range(8)]
-                _completion(client, vllm.served_name, prefix + suffix, 16 + 8 * (sent[n] % 3))
+                completion(http, vllm.served_name, prefix + suffix, 16 + 8 * (sent[n] % 3))
                 sent[n] += 1
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(concurrency)]
@@ -183,58 +168,6 @@ def _wait_idle_and_scraped(vllm: Any, prometheus: PrometheusServer) -> None:
     prometheus.wait_for(
         f"sum(vllm:request_success_total) >= {done}", 30, f"{done:g} finished requests scraped"
     )
-
-
-class BusyEngine:
-    """Long completions from staggered threads while the `with` block runs: vLLM is never idle.
-
-    One long request is not enough: the tiny model generates 480 tokens in about a second,
-    which can end before a /metrics poll sees it running (it did, in CI)."""
-
-    TOKENS = 480  # per request
-
-    def __init__(self, vllm: Any, threads: int = 2) -> None:
-        self._vllm = vllm
-        self._stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
-
-    def _loop(self) -> None:
-        with httpx.Client(base_url=self._vllm.url) as client:
-            while not self._stop.is_set():
-                try:
-                    _completion(client, self._vllm.served_name, [5] * 16, self.TOKENS)
-                except httpx.HTTPError as e:
-                    self.errors.append(e)
-                    return
-
-    def __enter__(self) -> BusyEngine:
-        for t in self._threads:
-            target = self._generated() + self.TOKENS // 3
-            t.start()
-            # Staggered by a third of a request, so that the two never finish together.
-            wait_until(
-                partial(self._generated_at_least, target),
-                120,
-                0.02,
-                what="the busy-engine request under way",
-            )
-        return self
-
-    def _generated(self) -> float:
-        return _counter(self._vllm.url, "vllm:generation_tokens_total")
-
-    def _generated_at_least(self, tokens: float) -> bool:
-        if self.errors:
-            raise self.errors[0]
-        return self._generated() >= tokens
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(300)
-        if exc_type is None:  # an error inside the block is the one to report
-            assert not self.errors, f"the busy-engine requests failed: {self.errors}"
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,9 @@ flight, because a tiny model on two CPU cores saturates at fewer requests than a
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
-from types import TracebackType
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +22,7 @@ from promkit import NAMESPACE, POD, ROOT, PrometheusServer
 
 from ministream_observability.autoscaling import ADAPTER_MATCHERS, SIGNALS
 from ministream_testkit.helm import helm_path
+from ministream_testkit.load import BusyEngine
 from ministream_testkit.vllm_server import metrics_text, request_counts
 from ministream_testkit.waiting import wait_until
 
@@ -66,48 +64,6 @@ def trigger() -> dict[str, Any]:
     return t
 
 
-class InFlight:
-    """`clients` threads that each keep one long completion in vLLM until the block ends."""
-
-    def __init__(self, vllm: Any, clients: int) -> None:
-        self._vllm, self._stop = vllm, threading.Event()
-        self.errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-
-    def _loop(self) -> None:
-        body = {
-            "model": self._vllm.served_name,
-            "prompt": [5] * 16,
-            "max_tokens": 480,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        with httpx.Client(base_url=self._vllm.url, timeout=300) as client:
-            while not self._stop.is_set():
-                try:
-                    client.post("/v1/completions", json=body).raise_for_status()
-                except httpx.HTTPError as e:
-                    self.errors.append(e)
-                    return
-
-    def __enter__(self) -> InFlight:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(300)
-        if exc_type is None:
-            assert not self.errors, f"the load's requests failed: {self.errors}"
-
-
 def _value(prom: PrometheusServer, query: str) -> float | None:
     """The query's value as KEDA's Prometheus scaler reads it: it requires exactly one sample
     (kedacore/keda v2.20.2 pkg/scalers/prometheus_scaler.go: "returned multiple elements")."""
@@ -145,7 +101,7 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
     idle_before = idle_value()
 
     busy: list[float] = []
-    with InFlight(vllm_server, IN_FLIGHT) as load:
+    with BusyEngine(vllm_server, IN_FLIGHT) as load:
 
         def above() -> bool:
             if load.errors:
@@ -163,12 +119,20 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
             detail=lambda: f"values seen: {busy[-20:]}",
         )
         running, waiting = request_counts(vllm_server.url)
+
         # The HPA engine's path reads the same signal: the per-pod metric prometheus-adapter
         # serves, averaged over the pods by the HPA, is the KEDA query's value.
-        at = time.time() - 1
-        keda_at = float(prom.query(query, at=at)[0]["value"][1])
-        per_pod = [float(r["value"][1]) for r in prom.query(_adapter_query(0), at=at)]
-        assert per_pod and sum(per_pod) / len(per_pod) == pytest.approx(keda_at)
+        # Both are evaluated at one instant with data: a scrape that timed out on the busy
+        # machine leaves a stale gap, so an instant is retried until both read a sample.
+        def at_one_instant() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+            at = time.time() - 1
+            keda, adapter = prom.query(query, at=at), prom.query(_adapter_query(0), at=at)
+            return (keda, adapter) if keda and adapter else None
+
+        keda, adapter = wait_until(at_one_instant, 30, 0.5, what="both forms of the signal")
+        keda_at = float(keda[0]["value"][1])
+        per_pod = [float(r["value"][1]) for r in adapter]
+        assert sum(per_pod) / len(per_pod) == pytest.approx(keda_at)
     peak = max(busy)
 
     idle_after = idle_value()

@@ -35,6 +35,7 @@ from ministream_sidecar.events import (
 )
 from ministream_sidecar.metrics import SidecarMetrics
 from ministream_sidecar.settings import SidecarSettings
+from ministream_testkit.waiting import wait_until_async
 
 pytestmark = pytest.mark.network
 
@@ -183,7 +184,11 @@ def test_rotated_token_is_read_for_each_event(api_server: tuple[FakeApiServer, P
 
     async def go() -> None:
         recorder.emit(EventReason.DRAIN_STARTED, "draining")
-        await asyncio.sleep(0.5)
+
+        async def first_sent() -> bool:  # rotate only after the first event went out
+            return len(server.requests) >= 1
+
+        await wait_until_async(first_sent, timeout=30, what="the first event to reach the API")
         (sa / "token").write_text("token-2\n")
         recorder.emit(EventReason.DRAIN_FINISHED, "idle")
         await recorder.aclose()
