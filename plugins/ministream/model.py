@@ -327,18 +327,24 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
                 param = params[remapped]
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
                 loaded.add(remapped)
-        if unexpected:
-            raise CheckpointError(
-                f"checkpoint has {len(unexpected)} tensor(s) that MiniStream does not have: "
-                f"{', '.join(sorted(unexpected)[:10])}. Re-convert it with `ministream convert`."
-            )
         # A fused parameter is loaded only when every one of its shards arrived.
         for target, got in shards.items():
             wanted = {sid for fused, _, sid in STACKED_PARAMS_MAPPING if fused in target}
             if got == wanted:
                 loaded.add(target)
-        self._check_coverage(params, loaded)
+        problems = [*self._unexpected_problem(unexpected), *self._coverage_problem(params, loaded)]
+        if problems:  # both kinds at once: a wrong checkpoint usually has both
+            raise CheckpointError(" ".join(problems))
         return loaded
+
+    @staticmethod
+    def _unexpected_problem(unexpected: list[str]) -> list[str]:
+        if not unexpected:
+            return []
+        return [
+            f"checkpoint has {len(unexpected)} tensor(s) that MiniStream does not have: "
+            f"{', '.join(sorted(unexpected)[:10])}. Re-convert it with `ministream convert`."
+        ]
 
     def _map_cache_scales(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -357,7 +363,7 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         per_name = quant_config.get_cache_scale
         return ((per_name(name) or name, tensor) for name, tensor in weights)
 
-    def _check_coverage(self, params: dict[str, nn.Parameter], loaded: set[str]) -> None:
+    def _coverage_problem(self, params: dict[str, nn.Parameter], loaded: set[str]) -> list[str]:
         # KV-cache scales of the attention layers have defaults; every other parameter
         # must come from the checkpoint.
         missing = sorted(
@@ -367,10 +373,11 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
             and not is_pp_missing_parameter(name, self)
             and ".attn." not in name
         )
-        if missing:
-            raise CheckpointError(
-                f"checkpoint is missing {len(missing)} weight(s): "
-                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. "
-                "The model directory is incomplete; re-run `ministream convert` "
-                "(or re-upload it) and check its manifest with `ministream verify`."
-            )
+        if not missing:
+            return []
+        return [
+            f"checkpoint is missing {len(missing)} weight(s): "
+            f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. "
+            "The model directory is incomplete; re-run `ministream convert` "
+            "(or re-upload it) and check its manifest with `ministream verify`."
+        ]
