@@ -39,13 +39,19 @@ def reference_completions(
     max_tokens: int,
     top_k: int = 5,
     device: str = "cpu",
+    emulate: str | None = None,
 ) -> list[Completion]:
-    """The reference model in float32 (on `device`) on the directory's weights."""
+    """The reference model in float32 (on `device`) on the directory's weights; with
+    `emulate="fp8"`, its linear layers as vLLM's online FP8 computes them (fp8_emulation)."""
     import torch
 
     from ministream_reference.model import ReferenceMiniStream
 
     model = ReferenceMiniStream.from_pretrained(model_dir, dtype=torch.float32, device=device)
+    if emulate == "fp8":
+        from ministream_reference.fp8_emulation import emulate_fp8
+
+        emulate_fp8(model)
     out = []
     for prompt in prompts:
         tokens, logprobs = model.generate_greedy(prompt, max_tokens, top_k=top_k)
@@ -183,12 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--eager", action="store_true", help="enforce_eager (no compile)")
     parser.add_argument("--device", default="cpu", help="reference engine's torch device")
+    parser.add_argument(
+        "--emulate",
+        choices=["fp8"],
+        default=None,
+        help="reference engine: emulate vLLM's online FP8 in its linear layers",
+    )
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     args = parser.parse_args(argv)
     prompts = [list(p) for p in DEFAULT_PROMPTS]
     if args.engine == "reference":
-        result = reference_completions(args.model, prompts, args.max_tokens, device=args.device)
+        result = reference_completions(
+            args.model, prompts, args.max_tokens, device=args.device, emulate=args.emulate
+        )
     else:
         extra = (
             {}
