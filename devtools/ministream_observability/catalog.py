@@ -113,6 +113,11 @@ DRAINS = _sidecar("ministream_drains_total", C, "Drains by `outcome` (idle | tim
 UPSTREAM_FAILURES = _sidecar(
     "ministream_upstream_health_failures_total", C, "Failed vLLM /health checks."
 )
+UPSTREAM_BUSY = _sidecar(
+    "ministream_upstream_busy_checks_total",
+    C,
+    "Failed vLLM /health checks while its token counters grew (busy, not counted).",
+)
 INFO = _sidecar(
     "ministream_info", G, "Constant 1: model, revision, load_format, tensor_parallel_size."
 )

@@ -335,12 +335,17 @@ def fleet(params: AlertParams) -> Dashboard:
             ),
             Panel(
                 "vLLM health-check failures",
-                "Failed /health checks of the sidecar per "
-                "second; vLLM up is the last check's result.",
+                "Failed /health checks of the sidecar per second; busy: failed while tokens "
+                "flowed (saturated, not counted towards liveness); vLLM up is the last "
+                "check's result.",
                 (
                     Target(
                         agg("sum", ("pod",), rate(m.UPSTREAM_FAILURES, POD, W)),
                         "failures/s {{pod}}",
+                    ),
+                    Target(
+                        agg("sum", ("pod",), rate(m.UPSTREAM_BUSY, POD, W)),
+                        "busy/s {{pod}}",
                     ),
                     Target(agg("min", ("pod",), sel(m.UPSTREAM_UP, POD)), "up {{pod}}"),
                 ),

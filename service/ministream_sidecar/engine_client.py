@@ -8,6 +8,7 @@ vllm/v1/metrics/loggers.py).
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,14 @@ log = logging.getLogger(__name__)
 
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
+# Counters of the tokens vLLM has processed (prefill and decode): they grow while it works.
+PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+class Health(enum.Enum):
+    OK = enum.auto()
+    SLOW = enum.auto()  # no answer within the timeout: hung, or only saturated
+    DOWN = enum.auto()  # refused, reset, or not 200: no server, or vLLM says unhealthy
 
 
 @dataclass(frozen=True)
@@ -69,14 +78,37 @@ class VLLMClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def health(self) -> bool:
-        """True when vLLM answers GET /health with 200 within the health timeout."""
+    async def health(self) -> Health:
+        """vLLM's GET /health: 200 within the health timeout, no answer in time, or not OK."""
         try:
             response = await self._http.get("/health", timeout=self._health_timeout)
+        except httpx.TimeoutException as exc:
+            log.debug("vLLM /health timed out", extra={"error": repr(exc)})
+            return Health.SLOW
         except httpx.HTTPError as exc:
             log.debug("vLLM /health failed", extra={"error": repr(exc)})
-            return False
-        return response.status_code == 200
+            return Health.DOWN
+        return Health.OK if response.status_code == 200 else Health.DOWN
+
+    async def tokens_processed(self, timeout: float) -> float | None:
+        """Prompt plus generated tokens vLLM has processed so far (PROGRESS_COUNTERS, summed
+        over labels), or None when /metrics does not answer in `timeout` or lacks them."""
+        try:
+            response = await self._http.get("/metrics", timeout=timeout)
+        except httpx.HTTPError as exc:
+            log.debug("vLLM /metrics failed", extra={"error": repr(exc)})
+            return None
+        if response.status_code != 200:
+            return None
+        total, seen = 0.0, False
+        try:
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    if sample.name in PROGRESS_COUNTERS:
+                        total, seen = total + sample.value, True
+        except ValueError:
+            return None
+        return total if seen else None
 
     async def served_models(self) -> list[ServedModel]:
         body = await self._get_json("/v1/models")

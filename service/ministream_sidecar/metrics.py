@@ -89,6 +89,12 @@ class SidecarMetrics:
             "Failed vLLM /health checks (background loop and /readyz).",
             registry=r,
         )
+        self.upstream_busy_checks = Counter(
+            "ministream_upstream_busy_checks",
+            "Failed vLLM /health checks during which its token counters grew: busy, not hung; "
+            "they count towards neither liveness nor readiness.",
+            registry=r,
+        )
         self.info = Gauge(
             "ministream_info",
             "Constant 1, labelled with what this pod serves.",

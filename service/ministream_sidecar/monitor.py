@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .engine_client import VLLMClient
+from .engine_client import Health, VLLMClient
 from .errors import ModelUnknown, SidecarError
 from .metrics import SidecarMetrics
 from .settings import SidecarSettings
@@ -87,7 +87,11 @@ class HealthMonitor:
             await asyncio.sleep(self._settings.health_interval_seconds)
 
     async def check_once(self) -> HealthTransition:
-        ok = await self._client.health()
+        ok = await self._client.health() is Health.OK
+        if not ok and self._state.upstream_ever_up and await self._progressing():
+            transition = self._state.record_busy()
+            self._log(transition)
+            return transition
         transition = self._state.record_health(ok)
         self._log(transition)
         if not ok:
@@ -100,6 +104,21 @@ class HealthMonitor:
         if self._settings.warmup_on_start and self._state.warmup is WarmupState.PENDING:
             self._warmup.trigger()
         return transition
+
+    async def _progressing(self) -> bool:
+        """Busy, not hung: vLLM's token counters grew over the progress window.
+
+        A saturated vLLM can miss the /health timeout (its API server shares one event loop
+        with the requests) while it generates at full speed; restarting it then would move
+        its queue to the other pods and cascade. A hung one (stopped, deadlocked) answers
+        neither /health nor /metrics, or answers with counters that stand still."""
+        s = self._settings
+        before = await self._client.tokens_processed(s.progress_timeout_seconds)
+        if before is None:
+            return False
+        await asyncio.sleep(s.progress_window_seconds)
+        after = await self._client.tokens_processed(s.progress_timeout_seconds)
+        return after is not None and after > before
 
     def _log(self, transition: HealthTransition) -> None:
         s = self._state
@@ -118,5 +137,7 @@ class HealthMonitor:
             )
         elif transition is HealthTransition.CAME_BACK:
             log.info("vLLM /health OK again")
+        elif transition is HealthTransition.BUSY:
+            log.warning("vLLM /health failed but tokens are flowing: busy, not counted")
         elif transition is HealthTransition.RESTARTED:
             log.warning("vLLM came back after being dead: warming up again")

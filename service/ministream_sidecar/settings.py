@@ -79,6 +79,19 @@ class SidecarSettings(BaseSettings):
         description="Consecutive failed background health checks, after vLLM was healthy once, "
         "before /livez reports vLLM dead (so ~threshold x interval seconds).",
     )
+    progress_window_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="When /health fails, vLLM's token counters are read twice this far apart: "
+        "if they grew, vLLM is busy (tokens flowing), not hung, and the check does not count "
+        "towards liveness or readiness.",
+    )
+    progress_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Timeout of each of those two /metrics reads (a saturated server answers "
+        "slowly; a hung one not at all).",
+    )
 
     # --- warmup ----------------------------------------------------------------------------
     warmup_on_start: bool = Field(

@@ -38,6 +38,7 @@ class HealthTransition(enum.Enum):
     CAME_BACK = enum.auto()  # healthy again after a blip: same process, keep the warmup
     RESTARTED = enum.auto()  # healthy again after being known dead: a new, cold process
     DIED = enum.auto()  # the failure that crossed LIVENESS_FAILURE_THRESHOLD
+    BUSY = enum.auto()  # /health failed while tokens were flowing: saturated, not hung
 
 
 _WARMUP_REASON = {
@@ -127,6 +128,17 @@ class ServingState:
                 transition = HealthTransition.DIED
         self._refresh()
         return transition
+
+    def record_busy(self) -> HealthTransition:
+        """A failed /health during which vLLM processed tokens: the engine is saturated, not
+        hung: it counts as up (serving), and the failure streak ends, as progress proves the
+        process alive. Only `ministream_upstream_busy_checks_total` tells it apart."""
+        self.metrics.upstream_busy_checks.inc()
+        self.consecutive_failures = 0
+        if not self.known_dead:
+            self.upstream_up = True
+        self._refresh()
+        return HealthTransition.BUSY
 
     def record_probe_failure(self) -> None:
         """A /readyz-time health check failed: unready at once, no liveness count."""

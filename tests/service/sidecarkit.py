@@ -101,6 +101,11 @@ class FakeVLLM:
     waiting: int = 0
     completions: int = 0
     metrics_polls: int = 0  # answers to /metrics (what the drain polls)
+    # /health times out (a saturated or a stopped server); with `generating`, every /metrics
+    # answer shows 100 more generated tokens than the last (saturated), without it none (hung).
+    health_stalls: bool = False
+    generating: bool = False
+    generated_tokens: float = 0.0
     seen_auth: list[str | None] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
@@ -111,6 +116,8 @@ class FakeVLLM:
         await asyncio.sleep(0)
         path = request.url.path
         if path == "/health":
+            if self.health_stalls:
+                raise httpx.ReadTimeout("no answer within the timeout", request=request)
             return httpx.Response(200 if self.healthy else 503)
         if not self.healthy:
             raise httpx.ConnectError("connection refused", request=request)
@@ -142,6 +149,8 @@ class FakeVLLM:
             )
         if path == "/metrics":
             self.metrics_polls += 1
+            if self.generating:
+                self.generated_tokens += 100
             labels = f'engine="0",model_name="{self.model}"'
             return httpx.Response(
                 200,
@@ -152,6 +161,9 @@ class FakeVLLM:
                     "# HELP vllm:num_requests_waiting Number of requests waiting.\n"
                     "# TYPE vllm:num_requests_waiting gauge\n"
                     f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}\n"
+                    "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+                    "# TYPE vllm:generation_tokens_total counter\n"
+                    f"vllm:generation_tokens_total{{{labels}}} {self.generated_tokens}\n"
                 ),
             )
         return httpx.Response(404)

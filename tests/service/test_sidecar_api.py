@@ -213,3 +213,51 @@ def test_liveness_fails_after_threshold_and_a_restarted_vllm_is_warmed_again(
     wait_until(sidecar.ready, 10, what="ready after restart")
     assert sidecar.get("/livez").status_code == 200
     assert fake.completions == 8  # warmed up again
+
+
+def test_saturated_vllm_is_busy_not_dead_and_stays_ready(start_sidecar: SidecarFactory) -> None:
+    """/health times out while tokens flow: neither liveness nor readiness fails."""
+    fake = FakeVLLM()
+    sidecar = with_fake(
+        start_sidecar,
+        fake,
+        health_interval_seconds=0.05,
+        liveness_failure_threshold=2,
+        progress_window_seconds=0.05,
+    )
+    wait_until(sidecar.ready, 10, what="ready")
+    fake.health_stalls, fake.generating = True, True
+    seen: list[tuple[int, int]] = []
+
+    def busy_checks() -> float:
+        seen.append((sidecar.get("/livez").status_code, sidecar.get("/readyz").status_code))
+        return sample(sidecar.metrics(), "ministream_upstream_busy_checks_total")
+
+    wait_until(lambda: busy_checks() >= 5, 10, 0.02, what="five busy checks")
+    assert set(seen) == {(200, 200)}, seen  # probes taken all along: never a flip
+    assert sample(sidecar.metrics(), "ministream_upstream_health_failures_total") == 0
+
+
+def test_hung_vllm_fails_liveness_though_it_was_busy_before(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """The control: /health times out and the counters stand still (a stopped process)."""
+    fake = FakeVLLM()
+    sidecar = with_fake(
+        start_sidecar,
+        fake,
+        health_interval_seconds=0.05,
+        liveness_failure_threshold=2,
+        progress_window_seconds=0.05,
+    )
+    wait_until(sidecar.ready, 10, what="ready")
+    fake.health_stalls, fake.generating = True, True
+    wait_until(
+        lambda: sample(sidecar.metrics(), "ministream_upstream_busy_checks_total") >= 1,
+        10,
+        what="a busy check",
+    )
+    fake.generating = False  # hung: /metrics still answers, its counters stand still
+    wait_until(lambda: sidecar.get("/livez").status_code == 503, 10, what="livez 503")
+    assert sidecar.get("/readyz").status_code == 503
+    assert sample(sidecar.metrics(), "ministream_upstream_health_failures_total") >= 2

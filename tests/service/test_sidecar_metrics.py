@@ -26,6 +26,7 @@ DOCUMENTED = {
     "ministream_drain_duration_seconds": "histogram",
     "ministream_drains": "counter",
     "ministream_upstream_health_failures": "counter",
+    "ministream_upstream_busy_checks": "counter",
     "ministream_info": "gauge",
 }
 
@@ -55,6 +56,7 @@ def test_exposition_parses_and_carries_the_documented_names(
         "ministream_warmup_runs_total",
         "ministream_drains_total",
         "ministream_upstream_health_failures_total",
+        "ministream_upstream_busy_checks_total",
     ):
         assert name in sample_names
     phases = {

@@ -1,6 +1,11 @@
-"""vLLM killed under the sidecar: /readyz fails at the next probe, /livez after the threshold.
+"""A real vLLM stopped, then killed, under the sidecar.
 
-Destructive, so it runs its own real vLLM server (not the session's shared one).
+Stopped (SIGSTOP, the control of the busy-or-hung rule): /health and /metrics stop answering,
+so the failures count and /livez fails after the threshold; resumed, it is warmed again.
+Killed: /readyz fails at the very next probe, /livez after the threshold.
+
+Destructive, so the module runs its own real vLLM server (not the session's shared one); the
+stop test runs first and leaves it serving again.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ INTERVAL = 0.5
 THRESHOLD = 4
 
 
-@pytest.fixture
-def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
+@pytest.fixture(scope="module")
+def victim_vllm(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
     server = VLLMServer(
         model=str(tiny_model_dir),
         served_name=TINY_SERVED_NAME,
-        log_path=tmp_path / "vllm-victim.log",
+        log_path=tmp_path_factory.mktemp("victim") / "vllm-victim.log",
         args=TINY_ENGINE_ARGS,
     )
     server.start()
@@ -38,6 +45,34 @@ def victim_vllm(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VLLMServer]:
         yield server
     finally:
         server.stop()  # no-op once killed; kills the group otherwise
+
+
+def test_vllm_stopped_is_hung_not_busy(
+    start_sidecar: SidecarFactory, victim_vllm: VLLMServer
+) -> None:
+    sidecar = start_sidecar(
+        vllm_url=victim_vllm.url,
+        health_interval_seconds=INTERVAL,
+        health_timeout_seconds=0.5,
+        liveness_failure_threshold=THRESHOLD,
+        progress_window_seconds=0.2,
+        progress_timeout_seconds=1.0,
+    )
+    wait_until(sidecar.ready, 120, what="ready")
+    assert victim_vllm.process is not None
+    group = victim_vllm.process.pid
+    os.killpg(group, signal.SIGSTOP)  # the server, its engine core: nothing runs, nothing dies
+    try:
+        wait_until(lambda: sidecar.get("/livez").status_code == 503, 60, 0.1, what="livez 503")
+        text = sidecar.metrics()
+        assert sample(text, "ministream_upstream_busy_checks_total") == 0
+        assert sample(text, "ministream_upstream_health_failures_total") >= THRESHOLD
+        assert sidecar.get("/readyz").status_code == 503
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    # Resumed: the same process answers again; as after a restart, it is warmed up again.
+    wait_until(sidecar.ready, 120, what="ready after SIGCONT")
+    assert sidecar.get("/livez").status_code == 200
 
 
 def test_vllm_killed(start_sidecar: SidecarFactory, victim_vllm: VLLMServer) -> None:

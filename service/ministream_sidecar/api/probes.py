@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from ..engine_client import Health
 from .deps import ClientDep, SettingsDep, StateDep
 from .schemas import Liveness, Readiness
 
@@ -40,9 +41,12 @@ async def readyz(state: StateDep, client: ClientDep) -> JSONResponse:
     """200 only when vLLM /health is OK, warmup has succeeded and the pod is not draining.
 
     When everything else says ready, vLLM /health is checked right now, so a dead vLLM
-    turns the pod unready at the next probe, not at the next background check.
+    (connection refused, or /health not 200) turns the pod unready at the next probe, not at
+    the next background check. A /health that only times out does not: a saturated vLLM
+    misses the timeout while it serves at full speed, and the background check tells busy
+    from hung by its token counters (docs/sidecar.md, "Busy or hung").
     """
-    if state.ready and not await client.health():
+    if state.ready and await client.health() is Health.DOWN:
         state.record_probe_failure()
     reasons = state.not_ready_reasons()
     body = Readiness(
