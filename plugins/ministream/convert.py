@@ -11,7 +11,6 @@ place only when complete, so an interrupted run leaves no half-written model beh
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ministream.checkpoint import open_raw_checkpoint, sha256_file
-from ministream.errors import CheckpointError
+from ministream.errors import CheckpointError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest
 from ministream.names import Slice, conversion_plan
 from ministream.raw_layouts import Layout, explain_prefixes
@@ -299,7 +298,7 @@ def convert(
         _replace_dir(tmp, output)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if _is_enospc(exc):
+        if is_enospc(exc):
             raise CheckpointError(
                 f"no space left on the device of {output.parent} while converting "
                 f"({exc}); the partial output was "
@@ -307,13 +306,6 @@ def convert(
             ) from exc
         raise
     return ConvertResult(output, manifest, len(produced), len(writer.files))
-
-
-def _is_enospc(exc: BaseException) -> bool:
-    # safetensors (Rust) reports a full disk as SafetensorError "... (os error 28)", not OSError.
-    if isinstance(exc, OSError):
-        return exc.errno == errno.ENOSPC
-    return f"(os error {errno.ENOSPC})" in str(exc)
 
 
 def make_world_readable(root: Path) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ministream.checkpoint import sha256_file
-from ministream.errors import CheckpointError, ShardError, StorageError
+from ministream.errors import CheckpointError, ShardError, StorageError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest, converter_version, verify_dir
 from ministream.s3 import is_s3
 from ministream.shardset import SHARDS_META_NAME, ShardSetInfo
@@ -320,6 +320,15 @@ def shard(
         else:
             _replace_dir(staging, Path(output))
         succeeded = True
+    except BaseException as exc:
+        if is_enospc(exc):
+            where = "the staging directory" if is_s3(output) else str(Path(output).parent)
+            raise ShardError(
+                f"no space left on the device of {where} while sharding ({exc}); the partial "
+                f"shard set was removed and {output} was left as it was. Free space, or pick "
+                "another --output (an S3 output stages in $TMPDIR)."
+            ) from exc
+        raise
     finally:
         if succeeded:
             shutil.rmtree(work, ignore_errors=True)

@@ -303,3 +303,19 @@ def test_enospc_while_converting_leaves_nothing(models: ModelFactory, small_tmpf
     assert info.value.__cause__ is not None  # the original error stays chained
     assert list(small_tmpfs.iterdir()) == [], "partial output left behind"
     assert os.statvfs(small_tmpfs).f_bfree == os.statvfs(small_tmpfs).f_blocks
+
+
+@pytest.mark.engine
+@pytest.mark.root("mount -t tmpfs: a real small filesystem that runs out of space")
+def test_enospc_while_sharding_leaves_nothing(models: ModelFactory, small_tmpfs: Path) -> None:
+    """The rank process runs out of space writing its shard: one clear error, no partial set."""
+    from ministream.shard import shard
+
+    out = small_tmpfs / "shards"
+    with pytest.raises(
+        ShardError, match=r"no space left on the device of .* while sharding"
+    ) as info:
+        shard(str(models.converted("tiny", "float32")), 1, str(out), progress=False)
+    assert "was left as it was" in str(info.value)
+    assert list(small_tmpfs.iterdir()) == [], "partial output left behind"
+    assert os.statvfs(small_tmpfs).f_bfree == os.statvfs(small_tmpfs).f_blocks
