@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve bench-overload clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -96,6 +96,11 @@ bench-serve: setup-test images demo-model $(TINY_MODEL)/ministream_manifest.json
 	  --output $(ART)/bench-serve/rollout-podman-drain.json $(ROLLOUT_VLLM)
 	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --runtime podman \
 	  --no-drain --output $(ART)/bench-serve/rollout-podman-nodrain.json $(ROLLOUT_VLLM)
+
+bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \
+	  --served-model-name ministream-tiny --level-seconds 30 \
+	  --output $(ART)/bench-overload/overload.json $(ROLLOUT_VLLM)
 
 clean:  ## remove generated models and benchmark results (keeps .venv)
 	rm -rf $(ART)

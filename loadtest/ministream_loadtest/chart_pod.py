@@ -3,7 +3,7 @@
 The rolling-restart experiment restarts replicas exactly as the chart's objects say, so
 every number and command here is taken from the Deployment that `helm template` renders
 from the chart (the one that users install), never recomputed: the grace period, the
-preStop hook's command, vLLM's `--shutdown-timeout`, the readiness probe, the rollout
+preStop hook's command, vLLM's `--shutdown-timeout`, the readiness and liveness probes, the rollout
 strategy, and the sidecar's `MINISTREAM_SIDECAR_*` settings.
 
 Finding the chart and helm: `--chart` (default `./charts/ministream`, i.e. run from a
@@ -30,6 +30,19 @@ _K8S_DEFAULT_SUCCESS_THRESHOLD = 1
 # Pod wiring that each local pod sets for itself (ports differ per pod on one machine).
 _POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME"}
 _SIDECAR_PREFIX = "MINISTREAM_SIDECAR_"
+# vLLM flags (each with one value) that each local pod sets for itself: where the model is,
+# its ports and name, and the hardware split (the caller's vLLM arguments say that).
+POD_VLLM_FLAGS = frozenset(
+    {
+        "--model",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--tensor-parallel-size",
+        "--load-format",
+        "--model-loader-extra-config",
+    }
+)
 
 RolloutMode = Literal["surge", "inPlace"]
 
@@ -60,10 +73,16 @@ class ChartPod:
     termination_grace_period_seconds: int
     prestop_command: tuple[str, ...]
     vllm_shutdown_timeout_seconds: int
+    # The rendered vLLM arguments a local pod passes too: all but the pod's wiring and the
+    # hardware (POD_VLLM_FLAGS), e.g. --shutdown-timeout, --max-num-queued-reqs, extraArgs.
+    vllm_args: tuple[str, ...]
     readiness_period_seconds: int
     readiness_timeout_seconds: int
     readiness_failure_threshold: int
     readiness_success_threshold: int
+    liveness_period_seconds: int
+    liveness_timeout_seconds: int
+    liveness_failure_threshold: int
     sidecar_settings: dict[str, str]  # MINISTREAM_SIDECAR_* plain values, pod wiring removed
 
     def setting(self, name: str) -> str:
@@ -137,6 +156,19 @@ def _flag(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def _without_pod_flags(args: list[str]) -> tuple[str, ...]:
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in POD_VLLM_FLAGS:
+            skip = True
+        elif arg.split("=", 1)[0] not in POD_VLLM_FLAGS:
+            kept.append(str(arg))
+    return tuple(kept)
+
+
 def _mode(max_surge: int, max_unavailable: int) -> RolloutMode:
     if max_surge >= 1 and max_unavailable == 0:
         return "surge"
@@ -158,7 +190,7 @@ def chart_pod(
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
     vllm, sidecar = _container(pod, "vllm"), _container(pod, "sidecar")
-    readiness = vllm["readinessProbe"]
+    readiness, liveness = vllm["readinessProbe"], vllm["livenessProbe"]
     rolling = spec["strategy"]["rollingUpdate"]
     max_surge, max_unavailable = int(rolling["maxSurge"]), int(rolling["maxUnavailable"])
     settings = {
@@ -177,11 +209,15 @@ def chart_pod(
         termination_grace_period_seconds=int(pod["terminationGracePeriodSeconds"]),
         prestop_command=tuple(vllm["lifecycle"]["preStop"]["exec"]["command"]),
         vllm_shutdown_timeout_seconds=int(_flag(vllm["args"], "--shutdown-timeout")),
+        vllm_args=_without_pod_flags(vllm["args"]),
         readiness_period_seconds=int(readiness["periodSeconds"]),
         readiness_timeout_seconds=int(readiness["timeoutSeconds"]),
         readiness_failure_threshold=int(readiness["failureThreshold"]),
         readiness_success_threshold=int(
             readiness.get("successThreshold", _K8S_DEFAULT_SUCCESS_THRESHOLD)
         ),
+        liveness_period_seconds=int(liveness["periodSeconds"]),
+        liveness_timeout_seconds=int(liveness["timeoutSeconds"]),
+        liveness_failure_threshold=int(liveness["failureThreshold"]),
         sidecar_settings=settings,
     )

@@ -174,7 +174,52 @@ def build_parser() -> argparse.ArgumentParser:
         "chart's rendered pod run from the images (`make images`) by `podman kube play` "
         "(root; CONTAINERS_CONF from `scripts/images.py env`)",
     )
+    ov = sub.add_parser(
+        "overload",
+        help="one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed",
+    )
+    ov.add_argument("--model", required=True, help="converted model directory to serve")
+    ov.add_argument("--output", type=Path, required=True, help="JSON report")
+    ov.add_argument("--served-model-name", default="ministream")
+    ov.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    ov.add_argument("--levels", type=_floats, default=[1.0, 2.0, 5.0], help="multiples of capacity")
+    ov.add_argument(
+        "--level-seconds", type=float, default=60.0, help="arrivals per level last this"
+    )
+    ov.add_argument("--input-tokens", type=int, default=64)
+    ov.add_argument("--output-tokens", type=int, default=64)
+    ov.add_argument("--capacity-concurrency", type=int, default=32)
+    ov.add_argument("--capacity-requests", type=int, default=96)
+    ov.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="a request whose E2E latency exceeds this counts as timed out",
+    )
+    _add_chart_options(ov, "the chart whose rendered pod and probes are replayed")
+    ov.add_argument(
+        "--chart-set",
+        type=_chart_set,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a chart value for `helm template --set-json`, e.g. vllm.maxQueuedRequests=64 "
+        "(repeatable)",
+    )
+    ov.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
+    ov.add_argument("--startup-timeout", type=float, default=900.0)
+    ov.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _chart_set(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=JSON, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}: not JSON: {value!r}") from None
 
 
 def _add_chart_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -426,6 +471,38 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
     return 0
 
 
+def cmd_overload(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    from .overload import OverloadConfig, run_overload, table
+
+    if not args.levels or min(args.levels) <= 0:
+        raise SystemExit("--levels must be positive multiples of capacity")
+    cfg = OverloadConfig(
+        model=args.model,
+        output=args.output,
+        served_name=args.served_model_name,
+        tokenizer=args.tokenizer,
+        levels=tuple(args.levels),
+        level_seconds=args.level_seconds,
+        input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens,
+        capacity_concurrency=args.capacity_concurrency,
+        capacity_requests=args.capacity_requests,
+        request_timeout=args.request_timeout,
+        chart=args.chart,
+        chart_values=tuple(args.chart_values),
+        helm=args.helm,
+        vllm_args=tuple(vllm_args),
+        seed=args.seed,
+        startup_timeout=args.startup_timeout,
+        workdir=args.workdir,
+        sets=dict(args.chart_set),
+    )
+    report = run_overload(cfg)
+    print(table(report), flush=True)
+    print(f"report: {args.output}; goal met: {report['goal_met']}", flush=True)
+    return 0 if report["goal_met"] else 1
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -441,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args, extra)
+        if args.command == "overload":
+            return cmd_overload(args, extra)
         if args.replicas < 1 or (args.restarts is not None and args.restarts < 1):
             raise SystemExit("--replicas and --restarts must be >= 1")
         if math.isnan(args.endpoint_lag):

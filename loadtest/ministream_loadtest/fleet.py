@@ -2,8 +2,9 @@
 
 `Pod.start` runs the same two processes as the chart's pod (`chart_pod.ChartPod`, read
 from `helm template`): vLLM through the launcher's command line
-(`ministream_sidecar.launcher.vllm_command`, with the rendered `--shutdown-timeout`) and
-`python -m ministream_sidecar` with the rendered MINISTREAM_SIDECAR_* settings.
+(`ministream_sidecar.launcher.vllm_command`, with the rendered vLLM arguments,
+`ChartPod.vllm_args`) and `python -m ministream_sidecar` with the rendered
+MINISTREAM_SIDECAR_* settings.
 `Pod.terminate` replays the kubelet's pod shutdown:
 
 1. the rendered preStop command (unless disabled), run with this interpreter in place of the
@@ -115,13 +116,9 @@ class Pod:
 
     def vllm_command(self) -> list[str]:
         t = self.template
-        args = [
-            "--served-model-name",
-            t.served_name,
-            "--shutdown-timeout",
-            str(t.chart.vllm_shutdown_timeout_seconds),
-            *t.vllm_args,
-        ]
+        # The chart's rendered arguments first (--shutdown-timeout, a queue limit, extraArgs),
+        # the caller's after them: for a flag given twice, vLLM takes the last.
+        args = ["--served-model-name", t.served_name, *t.chart.vllm_args, *t.vllm_args]
         return vllm_command(
             UpArgs(
                 model=t.model,

@@ -98,6 +98,19 @@ def rendered_pod(**sets: Any) -> ChartPod:
     return chart_pod(CHART, sets=sets, helm=helm_path())
 
 
+def test_local_pods_pass_the_rendered_vllm_arguments_but_not_the_wiring() -> None:
+    base = rendered_pod()
+    assert base.vllm_args == ("--shutdown-timeout", str(base.vllm_shutdown_timeout_seconds))
+    pod = rendered_pod(
+        vllm__maxQueuedRequests=40, vllm__maxModelLen=256, vllm__extraArgs=["--seed=3"]
+    )
+    args = list(pod.vllm_args)
+    assert args[args.index("--max-num-queued-reqs") + 1] == "40"
+    assert args[args.index("--max-model-len") + 1] == "256"
+    assert "--seed=3" in args
+    assert not {"--model", "--port", "--host", "--tensor-parallel-size"} & set(args)
+
+
 def test_the_experiment_takes_its_pod_from_helm_template() -> None:
     """Values reach the experiment only through the chart's templates: change two timeouts
     and the rollout mode, and the hook, the grace period and the strategy follow."""

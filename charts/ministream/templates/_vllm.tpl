@@ -32,6 +32,10 @@
 - --max-model-len
 - {{ int . | quote }}
 {{- end }}
+{{- with .Values.vllm.maxQueuedRequests }}
+- --max-num-queued-reqs
+- {{ int . | quote }}
+{{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}
