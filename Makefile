@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve bench-overload clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve bench-overload soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -101,6 +101,11 @@ bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \
 	  --served-model-name ministream-tiny --level-seconds 30 \
 	  --output $(ART)/bench-overload/overload.json $(ROLLOUT_VLLM)
+
+soak: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at moderate load for 30 min, sidecar and vLLM RSS sampled (not CI)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest soak --model $(TINY_MODEL) \
+	  --served-model-name ministream-tiny --minutes $(or $(SOAK_MINUTES),30) \
+	  --output $(ART)/soak/soak.json $(ROLLOUT_VLLM)
 
 clean:  ## remove generated models and benchmark results (keeps .venv)
 	rm -rf $(ART)

@@ -28,6 +28,7 @@ from typing import Any
 from .chart_pod import DEFAULT_CHART, ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine
 from .kube_play import KubePlayError
+from .reports import write_json
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 
 
@@ -209,6 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
     ov.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
     ov.add_argument("--startup-timeout", type=float, default=900.0)
     ov.add_argument("--seed", type=int, default=0)
+    so = sub.add_parser(
+        "soak", help="one pod under moderate load for a bounded time, its RSS sampled"
+    )
+    so.add_argument("--model", required=True, help="converted model directory to serve")
+    so.add_argument("--output", type=Path, required=True, help="JSON report")
+    so.add_argument("--served-model-name", default="ministream")
+    so.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    so.add_argument("--minutes", type=float, default=30.0)
+    so.add_argument("--rate", type=float, default=2.0, help="requests/s (Poisson)")
+    so.add_argument("--input-tokens", type=int, default=64)
+    so.add_argument("--output-tokens", type=int, default=32)
+    so.add_argument("--interval", type=float, default=10.0, help="seconds between RSS samples")
+    so.add_argument(
+        "--max-growth-mib",
+        type=float,
+        default=8.0,
+        help="the sidecar passes when its median RSS grew by less than this from the first "
+        "to the last 5 minutes",
+    )
+    so.add_argument("--chart", type=Path, default=DEFAULT_CHART, help="the chart whose pod is run")
+    so.add_argument("--helm", help="helm binary (default: helm on PATH, or .tools/bin/helm)")
     return parser
 
 
@@ -413,7 +435,7 @@ def _run_scenarios(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     full["plots"] = [
         str(plot_scenario(s, out / f"{s['name']}.png").relative_to(out)) for s in reports
     ]
-    (out / "report.json").write_text(json.dumps(full, indent=2) + "\n")
+    write_json(out / "report.json", full)
     print(f"report: {out / 'report.json'}", flush=True)
     return 1 if args.fail_on_slo and missed else 0
 
@@ -503,6 +525,34 @@ def cmd_overload(args: argparse.Namespace, vllm_args: list[str]) -> int:
     return 0 if report["goal_met"] else 1
 
 
+def cmd_soak(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    from .soak import SoakConfig, run_soak
+
+    if args.minutes <= 0 or args.rate <= 0 or args.interval <= 0:
+        raise SystemExit("--minutes, --rate and --interval must be positive")
+    report = run_soak(
+        SoakConfig(
+            model=args.model,
+            output=args.output,
+            served_name=args.served_model_name,
+            tokenizer=args.tokenizer,
+            minutes=args.minutes,
+            rate=args.rate,
+            input_tokens=args.input_tokens,
+            output_tokens=args.output_tokens,
+            interval=args.interval,
+            max_growth_mib=args.max_growth_mib,
+            chart=args.chart,
+            helm=args.helm,
+            vllm_args=tuple(vllm_args),
+        )
+    )
+    rss = report["rss"]
+    print(json.dumps({"requests": report["requests"]["sent"], "rss": rss}, indent=2), flush=True)
+    print(f"report: {args.output}; sidecar flat: {report['sidecar_flat']}", flush=True)
+    return 0 if report["sidecar_flat"] else 1
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -520,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args, extra)
         if args.command == "overload":
             return cmd_overload(args, extra)
+        if args.command == "soak":
+            return cmd_soak(args, extra)
         if args.replicas < 1 or (args.restarts is not None and args.restarts < 1):
             raise SystemExit("--replicas and --restarts must be >= 1")
         if math.isnan(args.endpoint_lag):

@@ -21,8 +21,6 @@ The load engine is `vllm bench serve` (engine.py), as in every other report here
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +35,7 @@ from .fleet import Pod, PodTemplate
 from .haproxy import Slot, free_port
 from .probes import Prober, chart_probes
 from .records import latency_summary, load_records
+from .reports import write_json
 
 SIDECAR_COUNTERS = (
     "ministream_upstream_busy_checks_total",
@@ -261,13 +260,6 @@ def table(report: dict[str, Any]) -> str:
             f"{p['readiness']['latency_ms']['p99']} | {lv['sidecar']['upstream_busy_checks']:g} |"
         )
     return "\n".join(rows)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    shutil.move(tmp, path)
 
 
 def run_overload(cfg: OverloadConfig) -> dict[str, Any]:

@@ -17,7 +17,6 @@ the requests sent during the restart window next to those sent before it.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
@@ -41,6 +40,7 @@ from .records import (
     latency_summary,
     load_records,
 )
+from .reports import write_json
 
 if TYPE_CHECKING:
     from .podman_fleet import PodmanFleet
@@ -492,5 +492,5 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, Any]:
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
     png = cfg.output.with_suffix(".png")
     report["plot"] = str(plot_rollout(report, rollout._records, rollout.t0, png))
-    cfg.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(cfg.output, report)
     return report
