@@ -73,6 +73,23 @@ class Rendered:
     def kinds(self) -> set[str]:
         return {d["kind"] for d in self.docs}
 
+    def workload(self) -> dict[str, Any]:
+        """The serving workload: the Deployment, or the LeaderWorkerSet of a release whose
+        replica spans several nodes (docs/multinode.md)."""
+        found = self.of_kind("Deployment") + self.of_kind("LeaderWorkerSet")
+        assert len(found) == 1, f"expected one serving workload, got {len(found)}"
+        return found[0]
+
+    def pod_template(self, role: str = "leader") -> dict[str, Any]:
+        """The serving pod's template: the Deployment's, or a LeaderWorkerSet's leader (the pod
+        with vLLM, the sidecar and the probes) or `role="worker"` template."""
+        workload = self.workload()
+        if workload["kind"] == "Deployment":
+            template: dict[str, Any] = workload["spec"]["template"]
+            return template
+        lwt = workload["spec"]["leaderWorkerTemplate"]
+        return lwt["leaderTemplate"] if role == "leader" else lwt["workerTemplate"]
+
 
 class HelmError(Exception):
     pass

@@ -37,6 +37,9 @@ FILES = {
         "inference.networking.k8s.io_inferencepools.yaml"
     ),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+        "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    ),
 }
 KINDS = {kind for _, kind in FILES}
 

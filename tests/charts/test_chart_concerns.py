@@ -42,7 +42,7 @@ def need(value: T | None, what: str = "value") -> T:
 
 
 def pod_spec(rendered: Rendered) -> dict[str, Any]:
-    return rendered.one("Deployment")["spec"]["template"]["spec"]
+    return rendered.pod_template()["spec"]
 
 
 def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -67,7 +67,14 @@ def env_value(c: dict[str, Any], name: str) -> str | None:
 
 
 def tp_of(values: dict[str, Any]) -> int:
-    return values.get("tensorParallelSize") or 1
+    # parallelism.tensor, or its older name tensorParallelSize (issue 16).
+    return values["parallelism"]["tensor"] or values.get("tensorParallelSize") or 1
+
+
+def ranks_per_pod(values: dict[str, Any]) -> int:
+    """tensor x pipeline on one node, accelerator.perNode on each pod of a multi-node group."""
+    world = tp_of(values) * values["parallelism"]["pipeline"]
+    return min(world, values["accelerator"]["perNode"])
 
 
 def shard_containers(rendered: Rendered) -> list[dict[str, Any]]:
@@ -80,6 +87,8 @@ def shard_containers(rendered: Rendered) -> list[dict[str, Any]]:
 
 def all_pod_specs(rendered: Rendered) -> list[dict[str, Any]]:
     specs = [pod_spec(rendered)]
+    if rendered.of_kind("LeaderWorkerSet"):
+        specs.append(rendered.pod_template("worker")["spec"])
     specs += [j["spec"]["template"]["spec"] for j in rendered.of_kind("Job")]
     specs += [p["spec"] for p in rendered.of_kind("Pod")]
     return specs
@@ -102,12 +111,14 @@ def test_tp_drives_args_gpu_limit_shm_and_sidecar_info(rendered: Rendered, value
     assert arg(vllm, "--tensor-parallel-size") == str(tp)
     limits = vllm["resources"].get("limits", {})
     if values["accelerator"]["type"] == "gpu":
-        assert limits["nvidia.com/gpu"] == tp
+        assert limits["nvidia.com/gpu"] == ranks_per_pod(values)
     else:
         assert not any("gpu" in k for k in limits), "CPU variant must not request accelerators"
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
-    assert shm["emptyDir"]["sizeLimit"] == f"{tp * values['scratch']['shmGiBPerRank']}Gi"
+    assert shm["emptyDir"]["sizeLimit"] == (
+        f"{ranks_per_pod(values) * values['scratch']['shmGiBPerRank']}Gi"
+    )
     assert mounted(vllm, "/dev/shm")
     assert env_value(
         container(spec, "sidecar"), "MINISTREAM_SIDECAR_INFO_TENSOR_PARALLEL_SIZE"
@@ -122,7 +133,7 @@ def test_shard_preparation_uses_the_same_tp(rendered: Rendered, values: dict) ->
         return
     assert len(shards) == 1
     (shard,) = shards
-    tp = values["tensorParallelSize"]
+    tp = tp_of(values)
     assert shard["command"][:2] == ["ministream", "shard"]
     assert arg(shard, "--tensor-parallel-size") == str(tp)
     # It writes exactly what vLLM then serves.
@@ -142,7 +153,7 @@ def test_shard_preparation_uses_the_same_tp(rendered: Rendered, values: dict) ->
 def test_default_shard_location_names_the_tp(rendered: Rendered, values: dict) -> None:
     model = need(arg(container(pod_spec(rendered), "vllm"), "--model"))
     if values["loading"]["mode"] in SHARDED and not values["loading"]["sharded"]["path"]:
-        assert model.endswith(f"-tp{values['tensorParallelSize']}")
+        assert model.endswith(f"-tp{tp_of(values)}")
     elif values["loading"]["mode"] in SHARDED:
         assert model.endswith(values["loading"]["sharded"]["path"])
 
@@ -153,7 +164,11 @@ def test_default_shard_location_names_the_tp(rendered: Rendered, values: dict) -
 def test_load_format_and_model_location(rendered: Rendered, values: dict) -> None:
     loading = values["loading"]
     vllm = container(pod_spec(rendered), "vllm")
-    assert vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    if rendered.of_kind("LeaderWorkerSet"):
+        # A Ray head first, then the same module with the same args (test_chart_multinode.py).
+        assert vllm["command"][-2].endswith('python3 -m vllm.entrypoints.openai.api_server "$@"')
+    else:
+        assert vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert arg(vllm, "--load-format") == LOAD_FORMATS[loading["mode"]]
     assert arg(vllm, "--served-model-name") == values["model"]["name"]
     assert arg(vllm, "--port") == "8000"
@@ -229,7 +244,7 @@ def startup_budget(values: dict) -> int:
     s, mode = values["probes"]["startup"], values["loading"]["mode"]
     load = values["model"]["sizeGiB"] * s["secondsPerGiB"][mode]
     if mode in SHARDED:
-        load /= values["tensorParallelSize"]
+        load /= tp_of(values)
     return s["baseSeconds"] + math.ceil(load)
 
 
@@ -255,7 +270,8 @@ def test_startup_budget_follows_mode_and_size(rendered: Rendered, values: dict) 
     budget = startup_budget(values)
     assert probe["failureThreshold"] == math.ceil(budget / probe["periodSeconds"])
     assert probe["failureThreshold"] * probe["periodSeconds"] >= budget
-    assert rendered.one("Deployment")["spec"]["progressDeadlineSeconds"] >= budget
+    if rendered.of_kind("Deployment"):
+        assert rendered.one("Deployment")["spec"]["progressDeadlineSeconds"] >= budget
 
 
 # ---------------------------------------------------------------- drain and grace
@@ -439,7 +455,13 @@ def test_rbac_is_minimal_and_switchable(rendered: Rendered, values: dict) -> Non
 
 def test_rollout_mode(rendered: Rendered, values: dict) -> None:
     """The mode's preset, each field overridden by an explicit rollout.maxSurge/maxUnavailable."""
-    strategy = rendered.one("Deployment")["spec"]["strategy"]
+    workload = rendered.workload()
+    if workload["kind"] == "LeaderWorkerSet":
+        # The same preset, counted in groups.
+        lws = workload["spec"]["rolloutStrategy"]
+        strategy = {"type": lws["type"], "rollingUpdate": lws["rollingUpdateConfiguration"]}
+    else:
+        strategy = workload["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
     expected = {
         "surge": {"maxSurge": 1, "maxUnavailable": 0},
@@ -452,6 +474,8 @@ def test_rollout_mode(rendered: Rendered, values: dict) -> None:
 
 
 def test_service_pdb_and_selectors(rendered: Rendered) -> None:
+    if rendered.of_kind("LeaderWorkerSet"):
+        pytest.skip("multi-node selectors: test_chart_multinode.py")
     deployment = rendered.one("Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -487,6 +511,8 @@ def test_names_fit_63_characters(scenario: Path) -> None:
 def test_network_policy(rendered: Rendered, values: dict) -> None:
     policies = rendered.of_kind("NetworkPolicy")
     assert bool(policies) == values["networkPolicy"]["enabled"]
+    if rendered.of_kind("LeaderWorkerSet"):
+        pytest.skip("multi-node policy (group ports): test_chart_multinode.py")
     for policy in policies:
         ports = sorted({p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]})
         assert ports == [8000, 8081]

@@ -27,7 +27,7 @@ def _vllm_parser() -> Any:
 
 
 def _containers(rendered: Rendered) -> dict[str, dict[str, Any]]:
-    spec = rendered.one("Deployment")["spec"]["template"]["spec"]
+    spec = rendered.pod_template()["spec"]
     return {c["name"]: c for c in spec["containers"] + spec["initContainers"]}
 
 
@@ -45,10 +45,16 @@ def test_vllm_accepts_the_rendered_command_line(rendered: Rendered, values: dict
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     vllm = _containers(rendered)["vllm"]
-    assert vllm["command"][-1] == "vllm.entrypoints.openai.api_server"
+    # One node: the module itself; a multi-node leader: `sh -c "ray start … && exec python3 -m
+    # vllm.entrypoints.openai.api_server "$@"" vllm`, the same args (test_chart_multinode.py).
+    assert vllm["command"][-1] == "vllm.entrypoints.openai.api_server" or vllm["command"][
+        -2
+    ].endswith('vllm.entrypoints.openai.api_server "$@"')
     args = _vllm_parser().parse_args(vllm["args"])
     validate_parsed_serve_args(args)
-    assert args.tensor_parallel_size == (values["tensorParallelSize"] or 1)
+    tp = values["parallelism"]["tensor"] or values["tensorParallelSize"] or 1
+    assert args.tensor_parallel_size == tp
+    assert args.pipeline_parallel_size == values["parallelism"]["pipeline"]
     assert args.served_model_name == [values["model"]["name"]]
     assert args.port == 8000
     assert args.shutdown_timeout == values["vllm"]["shutdownTimeoutSeconds"]

@@ -54,7 +54,8 @@ WAKE = {
 
 
 def pod_spec(rendered: Rendered) -> dict[str, Any]:
-    return rendered.one("Deployment")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = rendered.pod_template()["spec"]
+    return spec
 
 
 def vllm(rendered: Rendered) -> dict[str, Any]:
@@ -100,8 +101,8 @@ def test_replicas_absent_iff_autoscaling(scenario_file: Path, tmp_path: Path) ->
     for enabled in (False, True):
         over = {"autoscaling": {"enabled": enabled, "keda": KEDA}}
         out = render(scenario_file, write(tmp_path, over, f"{enabled}.yaml"))
-        deployment = out.one("Deployment")
-        assert ("replicas" in deployment["spec"]) is (not enabled), scenario_file.name
+        workload = out.workload()
+        assert ("replicas" in workload["spec"]) is (not enabled), scenario_file.name
 
 
 @pytest.mark.parametrize("engine", ["keda", "hpa"])

@@ -175,7 +175,8 @@ def test_notes_render(scenario_file: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
     values = scenario_values(scenario_file)
-    assert f"tensor-parallel size {values['tensorParallelSize'] or 1}" in notes
+    tp = values["parallelism"]["tensor"] or values["tensorParallelSize"] or 1
+    assert f"tensor-parallel size {tp}" in notes
     assert f"Rollout:   {values['rollout']['mode']}" in notes
     if values["autoscaling"]["enabled"]:
         assert f"Scaling:   {values['autoscaling']['engine']}" in notes

@@ -47,13 +47,15 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "tp-negative": ({"tensorParallelSize": -2}, ["tensorParallelSize"]),
     "tp-not-integer": ({"tensorParallelSize": 1.5}, ["tensorParallelSize"]),
     "tp-string": ({"tensorParallelSize": "two"}, ["tensorParallelSize"]),
+    # The TP under either name: parallelism.tensor or its older name tensorParallelSize (helm 4
+    # names both, helm 3 the branch it matched best).
     "sharded-without-tp": (
         {"tensorParallelSize": None, "loading": {"mode": "shardedState"}},
-        ["tensorParallelSize"],
+        ["tensor"],
     ),
     "s3-sharded-without-tp": (
         {"tensorParallelSize": None, "loading": {**S3["loading"], "mode": "runaiStreamerSharded"}},
-        ["tensorParallelSize"],
+        ["tensor"],
     ),
     "s3-without-bucket": (
         {"loading": {"mode": "runaiStreamer", "s3": {"credentials": {"existingSecret": "s3"}}}},

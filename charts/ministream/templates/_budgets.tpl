@@ -70,6 +70,7 @@ before going from one pod to zero) is the same window.
 {{- define "ministream.validate" -}}
 {{- $v := .Values -}}
 {{- $_ := include "ministream.terminationGracePeriodSeconds" . -}}
+{{- $_ = include "ministream.layout" . -}}
 {{- if gt (float64 $v.sidecar.drainMinSeconds) (float64 $v.sidecar.drainTimeoutSeconds) -}}
 {{- fail (printf "sidecar.drainMinSeconds (%v) must not exceed sidecar.drainTimeoutSeconds (%v): the minimum wait is part of the drain timeout" $v.sidecar.drainMinSeconds $v.sidecar.drainTimeoutSeconds) -}}
 {{- end -}}
@@ -80,6 +81,6 @@ before going from one pod to zero) is the same window.
 {{- $_ := include "ministream.scaleDownStabilizationSeconds" . -}}
 {{- end -}}
 {{- if hasKey (default dict $v.vllm.resources.limits) $v.accelerator.resourceName -}}
-{{- fail (printf "do not set vllm.resources.limits.%s: the chart requests tensorParallelSize (%s) devices itself" $v.accelerator.resourceName (include "ministream.tensorParallelSize" .)) -}}
+{{- fail (printf "do not set vllm.resources.limits.%s: the chart requests the devices itself (%s per pod, from parallelism and accelerator.perNode)" $v.accelerator.resourceName (include "ministream.ranksPerPod" .)) -}}
 {{- end -}}
 {{- end -}}

@@ -7,6 +7,8 @@ Helpers of the ministream chart, one file per concern:
                 and the cross-field checks that values.schema.json cannot state (every
                 other rule lives in the schema)
   _fleet.tpl    rollout strategy, pod spreading, the autoscalers' signals and behaviour
+  _pod.tpl      the serving pod (Deployment, or a LeaderWorkerSet's leader and workers)
+  _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the Ray head and workers
 Every name is cut to 63 characters (the DNS-label limit of object names and label values).
 Fixed ports (DESIGN §7): vLLM serves the OpenAI API, /health and /metrics on 8000; the
 sidecar serves /livez, /readyz, /warmup, /drain and /metrics on 8081.
@@ -89,7 +91,15 @@ app.kubernetes.io/part-of: ministream
 {{- include "ministream.imageRef" (dict "repository" .Values.sidecar.image.repository "image" .Values.sidecar.image "appVersion" .Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* PromQL label matchers selecting this release's serving pods (for rules/*.yaml). */}}
+{{/*
+PromQL label matchers selecting this release's serving pods (for rules/*.yaml): the
+Deployment's "<name>-<hash>-<id>", or a LeaderWorkerSet's leaders "<lws>-<group>" (its workers,
+"<lws>-<group>-<index>", serve no metrics).
+*/}}
 {{- define "ministream.promSelector" -}}
+{{- if include "ministream.isMultiNode" . -}}
+namespace="{{ .Release.Namespace }}", pod=~"{{ include "ministream.lwsName" . }}-[0-9]+"
+{{- else -}}
 namespace="{{ .Release.Namespace }}", pod=~"{{ include "ministream.fullname" . }}-[a-z0-9]+-[a-z0-9]+"
+{{- end -}}
 {{- end -}}

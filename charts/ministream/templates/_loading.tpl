@@ -17,11 +17,6 @@
 {{- if and (include "ministream.usesS3" .) (or $ca.configMapName $ca.secretName) -}}true{{- end -}}
 {{- end -}}
 
-{{/* The one tensor-parallel size of the release (the schema requires it for sharded modes). */}}
-{{- define "ministream.tensorParallelSize" -}}
-{{- default 1 .Values.tensorParallelSize | int -}}
-{{- end -}}
-
 {{- define "ministream.loadFormat" -}}
 {{- get (dict "local" "auto" "runaiStreamer" "runai_streamer" "shardedState" "sharded_state" "runaiStreamerSharded" "runai_streamer_sharded") .Values.loading.mode -}}
 {{- end -}}

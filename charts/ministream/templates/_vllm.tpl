@@ -11,6 +11,16 @@
 - {{ include "ministream.vllmPort" . | quote }}
 - --tensor-parallel-size
 - {{ include "ministream.tensorParallelSize" . | quote }}
+{{- $pp := include "ministream.pipelineParallelSize" . | int }}
+{{- if gt $pp 1 }}
+- --pipeline-parallel-size
+- {{ $pp | quote }}
+{{- end }}
+{{- if include "ministream.isMultiNode" . }}
+# Ranks on the other pods of the group join through the Ray head this container starts.
+- --distributed-executor-backend
+- ray
+{{- end }}
 - --shutdown-timeout
 - {{ int .Values.vllm.shutdownTimeoutSeconds | quote }}
 {{- $format := include "ministream.loadFormat" . }}
