@@ -20,6 +20,8 @@ from types import ModuleType
 
 import pytest
 
+from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SCRIPTS = ROOT / "scripts" / "gpu"
 
@@ -244,7 +246,7 @@ def test_forward_parity_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> No
             str(out),
             "--smoke",
         ],
-        {},
+        IN_PROCESS_ENGINE,
         3000,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -333,7 +335,7 @@ def test_fp8_compare_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
             str(out),
             "--smoke",
         ],
-        {},
+        IN_PROCESS_ENGINE,
         3000,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -30,7 +30,7 @@ from ministream_reference.golden import (
     load,
     reference_completions,
 )
-from ministream_testkit.vllm_server import VLLMServer
+from ministream_testkit.vllm_server import IN_PROCESS_ENGINE, VLLMServer
 from tests.conftest import TINY_SERVED_NAME
 from tests.support.models import ModelFactory
 
@@ -54,7 +54,12 @@ def run_golden(
     load_format: str = "auto",
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        **os.environ,
+        **IN_PROCESS_ENGINE,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     if tp == 2:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # DESIGN §8: TP=2 on two cores
     proc = subprocess.run(
