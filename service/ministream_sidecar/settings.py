@@ -87,10 +87,11 @@ class SidecarSettings(BaseSettings):
         "towards liveness or readiness.",
     )
     progress_timeout_seconds: float = Field(
-        default=10.0,
+        default=30.0,
         gt=0,
         description="Timeout of each of those two /metrics reads (a saturated server answers "
-        "slowly; a hung one not at all).",
+        "slowly; a hung one not at all). At 5x capacity on 2 vCPUs a 10 s timeout let a busy "
+        "vLLM be declared dead (docs/benchmarks.md#overload).",
     )
 
     # --- warmup ----------------------------------------------------------------------------
