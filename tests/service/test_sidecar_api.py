@@ -215,8 +215,8 @@ def test_liveness_fails_after_threshold_and_a_restarted_vllm_is_warmed_again(
     assert fake.completions == 8  # warmed up again
 
 
-def test_saturated_vllm_is_busy_not_dead_and_stays_ready(start_sidecar: SidecarFactory) -> None:
-    """/health times out while tokens flow: neither liveness nor readiness fails."""
+def saturated(start_sidecar: SidecarFactory) -> tuple[FakeVLLM, SidecarThread]:
+    """A ready sidecar whose vLLM then stops answering /health while tokens flow."""
     fake = FakeVLLM()
     sidecar = with_fake(
         start_sidecar,
@@ -227,6 +227,12 @@ def test_saturated_vllm_is_busy_not_dead_and_stays_ready(start_sidecar: SidecarF
     )
     wait_until(sidecar.ready, 10, what="ready")
     fake.health_stalls, fake.generating = True, True
+    return fake, sidecar
+
+
+def test_saturated_vllm_is_busy_not_dead_and_stays_ready(start_sidecar: SidecarFactory) -> None:
+    """/health times out while tokens flow: neither liveness nor readiness fails."""
+    _, sidecar = saturated(start_sidecar)
     seen: list[tuple[int, int]] = []
 
     def busy_checks() -> float:
@@ -242,16 +248,7 @@ def test_hung_vllm_fails_liveness_though_it_was_busy_before(
     start_sidecar: SidecarFactory,
 ) -> None:
     """The control: /health times out and the counters stand still (a stopped process)."""
-    fake = FakeVLLM()
-    sidecar = with_fake(
-        start_sidecar,
-        fake,
-        health_interval_seconds=0.05,
-        liveness_failure_threshold=2,
-        progress_window_seconds=0.05,
-    )
-    wait_until(sidecar.ready, 10, what="ready")
-    fake.health_stalls, fake.generating = True, True
+    fake, sidecar = saturated(start_sidecar)
     wait_until(
         lambda: sample(sidecar.metrics(), "ministream_upstream_busy_checks_total") >= 1,
         10,
