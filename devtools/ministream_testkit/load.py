@@ -58,15 +58,14 @@ class BusyEngine:
 
     One long request is not enough to keep vLLM busy: the tiny model generates 480 tokens in
     about a second, which can end before a /metrics poll sees it running (it did, in CI). The
-    threads start a third of a request apart (unless `stagger` is off: a load that only has
-    to pile up), so that they never all finish together. A
+    threads start a third of a request apart, so that they never all finish together. A
     thread stops at its first failed request; `errors` holds it, `check()` raises it.
     """
 
     TOKENS = 480  # per request
 
-    def __init__(self, server: Served, threads: int = 2, *, stagger: bool = True) -> None:
-        self._server, self._stagger = server, stagger
+    def __init__(self, server: Served, threads: int = 2) -> None:
+        self._server = server
         self._stop = threading.Event()
         self.errors: list[BaseException] = []
         self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
@@ -91,9 +90,6 @@ class BusyEngine:
 
     def __enter__(self) -> BusyEngine:
         for t in self._threads:
-            if not self._stagger:
-                t.start()
-                continue
             target = generated_tokens(self._server.url) + self.TOKENS // 3
             t.start()
             wait_until(
