@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from ministream_sidecar.engine_client import parse_request_counts
+
 from .chart_pod import ChartPod, chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
@@ -82,12 +84,7 @@ def _wait_idle(pod: Pod, timeout: float = 600) -> None:
     while time.monotonic() < deadline:
         pod.check_alive()
         text = httpx.get(f"{pod.api_url}/metrics", timeout=30).text
-        busy = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
-        ]
-        if not any(busy):
+        if parse_request_counts(text).idle:
             return
         time.sleep(0.5)
     raise TimeoutError(f"vLLM still busy {timeout:.0f}s after the load ended")

@@ -102,7 +102,7 @@ class Sampler:
         self.samples: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-rss", daemon=True)
-        self._t0 = time.monotonic()
+        self._t0 = 0.0  # set by start()
 
     def _run(self) -> None:
         assert self.pod.vllm is not None and self.pod.sidecar is not None

@@ -167,24 +167,7 @@ class VLLMClient:
             raise UpstreamUnavailable(f"GET /metrics failed: {exc!r}") from exc
         if response.status_code != 200:
             raise UpstreamError(f"GET /metrics answered {response.status_code}")
-        # family -> (model_name, engine) -> value
-        values: dict[str, dict[tuple[str, str], float]] = {RUNNING_METRIC: {}, WAITING_METRIC: {}}
-        try:
-            for family in text_string_to_metric_families(response.text):
-                if family.name not in values:
-                    continue
-                for sample in family.samples:
-                    key = (sample.labels.get("model_name", ""), sample.labels.get("engine", ""))
-                    values[family.name][key] = sample.value
-        except ValueError as exc:
-            raise UpstreamError(f"unparsable vLLM /metrics: {exc}") from exc
-        missing = [name for name, series in values.items() if not series]
-        if missing:
-            raise UpstreamError(f"vLLM /metrics lacks {', '.join(missing)}")
-        return RequestCounts(
-            running=_sum_for_model(values[RUNNING_METRIC], model),
-            waiting=_sum_for_model(values[WAITING_METRIC], model),
-        )
+        return parse_request_counts(response.text, model)
 
     async def _get_json(self, path: str) -> Any:
         try:
@@ -197,6 +180,29 @@ class VLLMClient:
             return response.json()
         except ValueError as exc:
             raise UpstreamError(f"GET {path} returned no JSON: {exc}") from exc
+
+
+def parse_request_counts(metrics_text: str, model: str | None = None) -> RequestCounts:
+    """Running and waiting requests in vLLM's /metrics text, summed over engines (the series
+    of `model` only, when any carries its name). UpstreamError when unparsable or absent."""
+    # family -> (model_name, engine) -> value
+    values: dict[str, dict[tuple[str, str], float]] = {RUNNING_METRIC: {}, WAITING_METRIC: {}}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            if family.name not in values:
+                continue
+            for sample in family.samples:
+                key = (sample.labels.get("model_name", ""), sample.labels.get("engine", ""))
+                values[family.name][key] = sample.value
+    except ValueError as exc:
+        raise UpstreamError(f"unparsable vLLM /metrics: {exc}") from exc
+    missing = [name for name, series in values.items() if not series]
+    if missing:
+        raise UpstreamError(f"vLLM /metrics lacks {', '.join(missing)}")
+    return RequestCounts(
+        running=_sum_for_model(values[RUNNING_METRIC], model),
+        waiting=_sum_for_model(values[WAITING_METRIC], model),
+    )
 
 
 def _sum_for_model(series: dict[tuple[str, str], float], model: str | None) -> int:
