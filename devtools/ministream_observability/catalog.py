@@ -99,7 +99,10 @@ UPSTREAM_UP = _sidecar("ministream_upstream_up", G, "1 when the last vLLM /healt
 COLD_START = _sidecar(
     "ministream_cold_start_phase_seconds",
     G,
-    "Cold-start phase durations, `phase` = engine_start | warmup | total; absent until done.",
+    "Cold-start phase durations, `phase` = engine_start | warmup | total (the sidecar's "
+    "clock), imports | engine_core_start | weights | profiling_and_compile | compile | "
+    "profiling | graph_capture | engine_finish | api_server_up (vLLM's startup log); absent "
+    "until done.",
 )
 WARMUP_REQUESTS = _sidecar(
     "ministream_warmup_requests_total", C, "Warmup completions by `outcome`."

@@ -215,6 +215,12 @@ def serving(params: AlertParams) -> Dashboard:
     )
 
 
+# ministream_cold_start_phase_seconds: the sidecar's own phases, and vLLM's (from its startup
+# log) without profiling_and_compile, which compile + profiling split.
+_SIDECAR_PHASES = 'phase=~"engine_start|warmup|total"'
+_VLLM_PHASES = 'phase!~"engine_start|warmup|total|profiling_and_compile"'
+
+
 def fleet(params: AlertParams) -> Dashboard:
     # Only Deployments that run MiniStream pods: kube-state-metrics labels its series with
     # the deployment, the sidecars with their pod; the pod name carries the deployment.
@@ -274,7 +280,21 @@ def fleet(params: AlertParams) -> Dashboard:
                 "once per pod.",
                 (
                     Target(
-                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD)), "{{phase}} {{pod}}"
+                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD, _SIDECAR_PHASES)),
+                        "{{phase}} {{pod}}",
+                    ),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "vLLM start, by phase",
+                "Inside engine_start, from vLLM's own log: imports, engine core start, "
+                "weights, compile, profiling, CUDA-graph capture, engine finish, API server up "
+                "(consecutive: they add up to vLLM's start). Set once per pod.",
+                (
+                    Target(
+                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD, _VLLM_PHASES)),
+                        "{{phase}} {{pod}}",
                     ),
                 ),
                 unit="s",

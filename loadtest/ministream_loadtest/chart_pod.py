@@ -27,8 +27,9 @@ DEFAULT_CHART = Path("charts/ministream")
 _LOCAL_HELM = Path(".tools/bin/helm")
 # Kubernetes' default readiness successThreshold, used when the probe does not set one.
 _K8S_DEFAULT_SUCCESS_THRESHOLD = 1
-# Pod wiring that each local pod sets for itself (ports differ per pod on one machine).
-_POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME"}
+# Pod wiring that each local pod sets for itself (ports and paths differ per pod on one
+# machine).
+_POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME", "STARTUP_LOG"}
 _SIDECAR_PREFIX = "MINISTREAM_SIDECAR_"
 # vLLM flags (each with one value) that each local pod sets for itself: where the model is,
 # its ports and name, and the hardware split (the caller's vLLM arguments say that).

@@ -1,20 +1,40 @@
 """MiniStream plugin for vLLM. This module holds only `register()`.
 
 vLLM calls `register()` (entry point group `vllm.general_plugins`, name `ministream`) in
-every process it starts, so it is idempotent and imports nothing heavy: the model class is
-registered by its `"module:Class"` string and imported only when a model is built.
+every process it starts, so it is idempotent. It registers the model *class*, not a lazy
+`"module:Class"` string: for a string, vLLM inspects the class in a fresh Python
+subprocess (to keep CUDA out of the API server) whenever `VLLM_CACHE_ROOT/modelinfos` has
+no entry for it, i.e. at every pod start with an empty cache volume. That subprocess
+imports torch and vLLM again: 24 s of a 115 s first start on the H200, 11 s on the 2-vCPU
+CPU machine (docs/benchmarks.md, time to Ready). The model module initialises no device
+at import, and every process that registers the plugin imports it anyway to build the
+model (the engine core is forked from the API server).
 """
 
 ARCHITECTURE = "MiniStreamForCausalLM"
-MODEL_CLASS = "ministream.model:MiniStreamForCausalLM"
 
 
 def register() -> None:
-    """Register the MiniStream architecture and its `ministream` config type with vLLM."""
+    """Register the MiniStream architecture and its `ministream` config type with vLLM.
+
+    With `MINISTREAM_SIDECAR_STARTUP_LOG` set, also stamp this process's vLLM log lines into
+    that file for the sidecar's cold-start phases (ministream_sidecar.startup_log)."""
+    import os
+
+    try:  # standard library only; shipped in the same wheel
+        from ministream_sidecar import startup_log
+    except ImportError:  # the plugin's directory alone on PYTHONPATH: no startup log
+        pass
+    else:
+        if path := os.environ.get(startup_log.ENV):
+            startup_log.attach(path)
+
     from vllm import ModelRegistry
 
     from ministream.config import register_auto_config
 
     register_auto_config()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+        from ministream.model import MiniStreamForCausalLM
+
+        ModelRegistry.register_model(ARCHITECTURE, MiniStreamForCausalLM)

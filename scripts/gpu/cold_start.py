@@ -5,8 +5,8 @@ vLLM's defaults, or the chart's command, arguments and environment from
 chart-defaults.json, rendered by chart_args.py), stamps every output line with its
 arrival time, polls GET /health, then sends the sidecar's warmup (the chart's request
 count, concurrency, prompt and output lengths) and stops the server with SIGTERM.
-startup_phases.py turns the lines into phases; the result goes to OUT/NAME.json and the
-stamped log to OUT/NAME.log.
+ministream_sidecar.startup_phases (the parser the sidecar's cold-start metrics use) turns
+the lines into phases; the result goes to OUT/NAME.json and the stamped log to OUT/NAME.log.
 
     python scripts/gpu/cold_start.py run --name chart-fresh --mode chart --model DIR \
         --out OUT --cache-root /tmp/cache/a --fresh-cache
@@ -35,10 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
+from ministream_sidecar.startup_phases import PHASES, parse
 
-from startup_phases import PHASES, parse  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 CHART_DEFAULTS = HERE / "chart-defaults.json"
 TABLE_PHASES = (
@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if STARTUP_LOG_ENV in env_over:  # the chart's path is a pod volume: use scratch
+        env[STARTUP_LOG_ENV] = str(scratch / "vllm-startup.log")
     if "PROMETHEUS_MULTIPROC_DIR" in env_over:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(scratch / "prometheus")
         Path(env["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True)

@@ -10,7 +10,9 @@
 #   REFERENCE=1 PRESETS=gpu-1b bash scripts/gpu/h200.sh models "$OUT"  # + fp32 reference golden
 #   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
-#     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64, each
+#     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
+#     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm (engine core
+#     forked, not spawned) and the pseudo-variant importprofile; NAME.N repeats NAME; each
 #     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
 #     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
 #     run, default 200): a fresh-cache start took > 95 s on 2026-12-01, give it >= 180.
@@ -35,7 +37,7 @@ di=plugins/ministream_serving-0.0.0.dist-info
 mkdir -p $di
 printf 'Metadata-Version: 2.1\nName: ministream-serving\nVersion: 0.0.0\n' > $di/METADATA
 printf '[vllm.general_plugins]\nministream = ministream:register\n' > $di/entry_points.txt
-export PYTHONPATH=$PWD/plugins:$PWD/devtools:${PYTHONPATH:-}
+export PYTHONPATH=$PWD/plugins:$PWD/service:$PWD/devtools:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 
 probe() {  # name, timeout, args...
@@ -117,6 +119,7 @@ case "$step" in
       if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${COLD_LIMIT:-200} )) -gt "$DEADLINE" ]; then
         echo "skipped $v: too close to DEADLINE"; continue
       fi
+      name=$v; v=${v%%.*}  # NAME.N: a repeat of NAME (its own result file)
       case ${v%-pyc} in  # NAME-pyc: the same run, named for after the `pyc` step
         vllm-fresh)  a=(--mode vllm-defaults --cache-root /tmp/cc/vllm --fresh-cache) ;;
         vllm-warm)   a=(--mode vllm-defaults --cache-root /tmp/cc/vllm) ;;
@@ -134,13 +137,23 @@ case "$step" in
           a=(--mode chart --cache-root /tmp/cc/seeded) ;;
         chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
                            --extra-arg=--max-cudagraph-capture-size=64) ;;
+        chart-fork-fresh)  # the engine core forked from the API server, not spawned
+          a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache
+             --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
+        chart-fork-warm)
+          a=(--mode chart --cache-root /tmp/cc/chart --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
+        chart-debug)  # chart-warm with vLLM's DEBUG log: finer stamps inside the phases
+          a=(--mode chart --cache-root /tmp/cc/chart --env VLLM_LOGGING_LEVEL=DEBUG) ;;
+        importprofile)  # where the import time goes (also warms the page cache for Python)
+          python3 scripts/gpu/import_profile.py --out "$out/import-profile.json" |
+            head -30; continue ;;
         *) echo "unknown variant $v"; continue ;;
       esac
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
       # makes cold_start.py stop the server and write what it has (issue 17's first
       # fresh-start runs were killed by a bare `timeout` and wrote nothing).
       timeout -s INT -k 30 ${COLD_LIMIT:-200} python3 scripts/gpu/cold_start.py run \
-        --name "$v${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \
+        --name "$name${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \
         --timeout $(( ${COLD_LIMIT:-200} - 35 )) "${a[@]}"
     done
     python3 scripts/gpu/cold_start.py table "$out/cold" ;;

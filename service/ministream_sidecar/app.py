@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +23,7 @@ from .events import EventRecorder, build_event_recorder
 from .metrics import SidecarMetrics
 from .monitor import HealthMonitor, ModelResolver
 from .settings import SidecarSettings
+from .startup_log import process_start_time
 from .state import ServingState
 from .warmup import WarmupRunner
 
@@ -204,17 +203,3 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-def process_start_time() -> float:
-    """Epoch seconds at which this process started (Linux /proc), else now."""
-    try:
-        with open(f"/proc/{os.getpid()}/stat") as f:
-            # Field 22 (starttime, clock ticks after boot); split after the ")" of comm,
-            # which may itself contain spaces.
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from . import client
+from . import client, startup_log
 from .client import ENV_PREFIX
 from .processes import Child
 from .settings import SidecarSettings
@@ -144,6 +146,7 @@ class Launcher:
         self.vllm: Child | None = None
         self.sidecar: Child | None = None
         self.signals: list[int] = []
+        self.scratch = Path(tempfile.mkdtemp(prefix="ministream-up-"))
         host = _local(args.host)
         self.api_url = f"http://{host}:{args.port}"
         self.sidecar_url = f"http://{host}:{args.sidecar_port}"
@@ -171,11 +174,14 @@ class Launcher:
                     child.kill_group()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _run(self) -> int:
         env = dict(os.environ)
         # The cold start counts from here, the moment vLLM is asked to start.
         env.setdefault(f"{ENV_PREFIX}PROCESS_START_TIME", repr(time.time()))
+        # vLLM (through the plugin) stamps its start there; the sidecar splits it in phases.
+        env.setdefault(startup_log.ENV, str(self.scratch / "vllm-startup.log"))
         try:  # fail on a bad MINISTREAM_SIDECAR_* before starting anything
             settings = SidecarSettings()
         except ValidationError as exc:

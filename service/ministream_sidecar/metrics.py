@@ -18,11 +18,25 @@ class Outcome(str, enum.Enum):
 
 
 class ColdStartPhase(str, enum.Enum):
-    """Cold-start phases, each measured once, at the first cold start of the pod."""
+    """Cold-start phases, each measured once, at the first cold start of the pod.
+
+    The sidecar's own: engine_start, warmup, total. Inside vLLM's start, from its startup
+    log (startup_log.py; startup_phases.py defines each, with the markers): imports ...
+    api_server_up, consecutive, so they add up to vLLM's start; compile and profiling
+    split profiling_and_compile."""
 
     ENGINE_START = "engine_start"  # process start -> vLLM /health first OK
     WARMUP = "warmup"  # vLLM /health first OK -> first successful warmup
     TOTAL = "total"  # process start -> first ready
+    IMPORTS = "imports"
+    ENGINE_CORE_START = "engine_core_start"
+    WEIGHTS = "weights"
+    PROFILING_AND_COMPILE = "profiling_and_compile"
+    COMPILE = "compile"
+    PROFILING = "profiling"
+    GRAPH_CAPTURE = "graph_capture"
+    ENGINE_FINISH = "engine_finish"
+    API_SERVER_UP = "api_server_up"
 
 
 class DrainOutcome(str, enum.Enum):
@@ -53,7 +67,9 @@ class SidecarMetrics:
         self.cold_start_phase_seconds = Gauge(
             "ministream_cold_start_phase_seconds",
             "Duration of each cold-start phase: engine_start (process start to vLLM healthy), "
-            "warmup (healthy to warmup done), total (process start to ready).",
+            "warmup (healthy to warmup done), total (process start to ready); and, from vLLM's "
+            "startup log, imports, engine_core_start, weights, profiling_and_compile (= "
+            "compile + profiling), graph_capture, engine_finish, api_server_up.",
             ["phase"],
             registry=r,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from . import startup_log, startup_phases
 from .engine_client import Health, VLLMClient
 from .errors import ModelUnknown, SidecarError
 from .metrics import SidecarMetrics
@@ -96,6 +97,8 @@ class HealthMonitor:
         self._log(transition)
         if not ok:
             return transition
+        if transition is HealthTransition.FIRST_UP and self._settings.startup_log:
+            self._record_engine_phases(self._settings.startup_log)
         if not self._state.model:
             try:
                 await self._resolve_model()
@@ -104,6 +107,19 @@ class HealthMonitor:
         if self._settings.warmup_on_start and self._state.warmup is WarmupState.PENDING:
             self._warmup.trigger()
         return transition
+
+    def _record_engine_phases(self, path: str) -> None:
+        """vLLM is up: its startup log holds every phase up to its API server listening."""
+        lines = startup_log.read(path)
+        if lines is None:
+            log.warning("no vLLM startup log", extra={"path": path})
+            return
+        phases = startup_phases.parse(lines)["phases"]
+        self._state.record_engine_phases(phases)
+        log.info(
+            "vLLM start, by phase",
+            extra={k: round(v, 3) for k, v in phases.items() if v is not None},
+        )
 
     async def _progressing(self) -> bool:
         """Busy, not hung: vLLM's token counters grew over the progress window.

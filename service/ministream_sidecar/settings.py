@@ -140,6 +140,12 @@ class SidecarSettings(BaseSettings):
     process_start_time: float | None = Field(
         default=None, gt=0, description="Epoch seconds the cold start counts from; default: ours."
     )
+    startup_log: str = Field(
+        default="",
+        description="File vLLM's processes stamp their start into (the plugin writes it "
+        "when vLLM has the same variable; startup_log.py): its phases become "
+        "ministream_cold_start_phase_seconds. Empty: only engine_start, warmup, total.",
+    )
     info_revision: str = ""
     info_load_format: str = "auto"
     info_tensor_parallel_size: int = Field(default=1, ge=1)

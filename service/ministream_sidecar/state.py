@@ -48,6 +48,10 @@ _WARMUP_REASON = {
 }
 
 
+# Measured by the sidecar itself; the rest come from vLLM's startup log.
+_OWN_PHASES = frozenset({ColdStartPhase.ENGINE_START, ColdStartPhase.WARMUP, ColdStartPhase.TOTAL})
+
+
 @dataclass
 class ServingState:
     """Readiness, liveness and cold-start bookkeeping for one sidecar."""
@@ -154,6 +158,14 @@ class ServingState:
             self.phases[ColdStartPhase.WARMUP] = self.warmup_done_at - start
             self.metrics.set_phase(ColdStartPhase.WARMUP, self.warmup_done_at - start)
         self._refresh()
+
+    def record_engine_phases(self, phases: dict[str, float | None]) -> None:
+        """vLLM's own phases (startup_phases.parse), once: the first start's log."""
+        for phase in ColdStartPhase:
+            seconds = phases.get(phase.value)
+            if phase not in self.phases and phase not in _OWN_PHASES and seconds is not None:
+                self.phases[phase] = seconds
+                self.metrics.set_phase(phase, seconds)
 
     def start_drain(self) -> None:
         self.draining = True

@@ -213,6 +213,14 @@ def test_ready_only_after_warmup(chart_pod: ChartPodRun) -> None:
     sidecar = chart_pod.sidecar_metrics_at_ready
     assert _metric(sidecar, "ministream_warmup_requests_total", outcome="success") == warmup
     assert _metric(chart_pod.vllm_metrics_at_ready, "vllm:request_success_total") >= warmup
+    # vLLM's own phases reach the sidecar through the rendered startup-log volume (the
+    # plugin in the serving image writes it, the sidecar container reads it read-only).
+    phases = {
+        p: _metric(sidecar, "ministream_cold_start_phase_seconds", phase=p)
+        for p in ("imports", "engine_core_start", "weights", "api_server_up")
+    }
+    print(f"vLLM start by phase: {phases}")
+    assert all(v > 0 for v in phases.values()), phases
 
 
 def test_containers_run_as_the_rendered_user_read_only(chart_pod: ChartPodRun) -> None:

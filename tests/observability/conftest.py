@@ -1,6 +1,6 @@
 """The live stack of the observability tests: the session's real vLLM server (tests/conftest.py),
 the real sidecar as a subprocess (`ministream-sidecar`), and a real Prometheus scraping both
-every second with our alert rules loaded. Started once; `live` also drives warmup, load and
+every 2 s with our alert rules loaded. Started once; `live` also drives warmup, load and
 two drains through it, so every panel has something to show.
 
 The scrape config attaches `namespace` and `pod` labels to both targets, as a ServiceMonitor or

@@ -1,5 +1,5 @@
 """The chart's autoscaling signal and the inference gateway's metrics, against the live stack:
-the session's real vLLM (CPU) scraped every second by a real Prometheus (conftest.py).
+the session's real vLLM (CPU) scraped every 2 s by a real Prometheus (conftest.py).
 
 The autoscaling query is taken verbatim from the ScaledObject that `helm template` renders for
 release `ms` in namespace `ministream-test`: the scrape config labels the live vLLM with that

@@ -65,52 +65,6 @@ def test_shape_figures_pick_decode_steps_and_sum_prefill(gpu_module) -> None:  #
         parity.shape_figure("decode", [])
 
 
-E = "(EngineCore pid=1) INFO "
-SAMPLE_LOG = [
-    (0.5, "INFO [api_utils.py:273] non-default args: {'model': '/m'}"),
-    (4.0, E + "[core.py:115] Initializing a V1 LLM engine (v0.25.1) with config: x"),
-    (8.0, E + "[default_loader.py:431] Loading weights took 1.54 seconds"),
-    (8.2, E + "[model_runner.py:303] Model loading took 2.25 GiB and 1.790000 seconds"),
-    (9.0, E + "[backends.py:1149] Dynamo bytecode transform time: 3.10 s"),
-    (12.0, E + "[backends.py:394] Compiling a graph for compile range (1, 8192) takes 2.50 s"),
-    (12.5, E + "[monitor.py:52] torch.compile took 6.20 s in total"),
-    (13.2, E + "[gpu_worker.py:539] Available KV cache memory: 30.1 GiB"),
-    (17.0, E + "[model_runner.py:723] Graph capturing finished in 4 secs, took 0.5 GiB"),
-    (17.3, E + "[core.py:345] init engine (profile, create kv cache, warmup model) took 9.0 s"),
-    (19.0, "INFO [api_server.py:616] Starting vLLM server on http://0.0.0.0:8000"),
-]
-
-
-def test_startup_phases_add_up_to_the_total(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    phases = gpu_module("startup_phases")
-    result = phases.parse(SAMPLE_LOG, health_ok=19.4, ready=21.0)
-    ph = result["phases"]
-    assert ph["imports"] == pytest.approx(0.5)
-    assert ph["weights"] == pytest.approx(4.2)
-    assert ph["compile"] == pytest.approx(6.2)
-    assert ph["profiling"] == pytest.approx(5.0 - 6.2)  # compile ran inside that window
-    assert ph["graph_capture"] == pytest.approx(3.8)
-    assert ph["warmup"] == pytest.approx(1.6)
-    assert ph["total"] == pytest.approx(21.0)
-    consecutive = [p for p, _, _ in phases.PHASES]
-    assert sum(ph[p] for p in consecutive) == pytest.approx(21.0)
-    assert result["logged"]["weights_read_s"] == pytest.approx(1.54)
-    assert result["logged"]["model_load_s"] == pytest.approx(1.79)
-    assert result["logged"]["graph_capture_logged_s"] == pytest.approx(4.0)
-    assert result["compile_cache_hit"] is False
-
-
-def test_startup_phases_missing_marker_gives_none_not_a_wrong_number(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    phases = gpu_module("startup_phases")
-    without_graphs = [line for line in SAMPLE_LOG if "Graph capturing" not in line[1]]
-    ph = phases.parse(without_graphs, health_ok=19.4, ready=None)["phases"]
-    assert ph["graph_capture"] is None
-    # The next phase spans the gap instead: KV cache ready -> engine ready.
-    assert ph["engine_finish"] == pytest.approx(17.3 - 13.2)
-    assert ph["warmup"] is None
-    assert ph["total"] == pytest.approx(19.4)
-
-
 def test_chart_args_extract_reads_the_vllm_container() -> None:
     sys.path.insert(0, str(GPU_SCRIPTS))
     try:

@@ -118,16 +118,31 @@ def golden_runs(tmp_path_factory: pytest.TempPathFactory) -> GoldenRuns:
     return GoldenRuns(tmp_path_factory.mktemp("golden-runs"))
 
 
-def test_registered_in_a_fresh_process() -> None:  # imports vLLM; starts no engine
+def test_registered_in_a_fresh_process(tmp_path: Path) -> None:  # imports vLLM; no engine
+    """Registered once per process, and inspected without a subprocess.
+
+    A lazily registered class is inspected in a new Python process (vLLM's registry,
+    `_run_in_subprocess`) whenever VLLM_CACHE_ROOT holds no model info for it: seconds of
+    every start with an empty cache volume. Here that function raises, on an empty cache.
+    """
     code = (
         "from vllm.plugins import load_general_plugins\n"
         "load_general_plugins(); load_general_plugins()\n"
         "from vllm import ModelRegistry\n"
+        "from vllm.model_executor.models import registry\n"
         "from transformers import AutoConfig\n"
+        "def no_subprocess(fn): raise AssertionError('inspected in a subprocess')\n"
+        "registry._run_in_subprocess = no_subprocess\n"
         "assert 'MiniStreamForCausalLM' in ModelRegistry.get_supported_archs()\n"
+        "info = ModelRegistry.models['MiniStreamForCausalLM'].inspect_model_cls()\n"
+        "assert info.is_text_generation_model and info.supports_pp, info\n"
         "print(type(AutoConfig.for_model('ministream')).__name__)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = os.environ | {"VLLM_CACHE_ROOT": str(tmp_path / "empty-cache")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("MiniStreamConfig")
 
 

@@ -15,6 +15,9 @@ Called with (dict "ctx" $ "role" ROLE).
 {{- $vllmPort := include "ministream.vllmPort" . | int -}}
 {{- $events := and .Values.sidecar.events.enabled (ne $role "worker") -}}
 {{- $main := ternary "ray-worker" "vllm" (eq $role "worker") -}}
+{{- /* vLLM's processes stamp their start here; the sidecar reads it (startup_log.py). */ -}}
+{{- $startupDir := "/var/run/ministream/startup" -}}
+{{- $startupLog := printf "%s/vllm.log" $startupDir -}}
 metadata:
   labels:
     {{- include "ministream.labels" . | nindent 4 }}
@@ -155,6 +158,8 @@ spec:
           value: {{ include "ministream.loadFormat" . | quote }}
         - name: MINISTREAM_SIDECAR_INFO_TENSOR_PARALLEL_SIZE
           value: {{ $tp | quote }}
+        - name: MINISTREAM_SIDECAR_STARTUP_LOG
+          value: {{ $startupLog | quote }}
         - name: POD_NAME
           valueFrom:
             fieldRef:
@@ -176,6 +181,9 @@ spec:
         - name: tmp
           mountPath: /tmp
           subPath: sidecar
+        - name: startup-log
+          mountPath: {{ $startupDir }}
+          readOnly: true
         {{- if $events }}
         - name: kube-api-access
           mountPath: /var/run/secrets/kubernetes.io/serviceaccount
@@ -215,6 +223,9 @@ spec:
               name: {{ .Values.sidecar.token.existingSecret | quote }}
               key: {{ .Values.sidecar.token.key | quote }}
         {{- end }}
+        # The plugin stamps vLLM's start into it, for the sidecar's cold-start phases.
+        - name: MINISTREAM_SIDECAR_STARTUP_LOG
+          value: {{ $startupLog | quote }}
         {{- include "ministream.engineEnv" . | nindent 8 }}
       {{- with .Values.envFrom }}
       envFrom:
@@ -254,6 +265,8 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       volumeMounts:
+        - name: startup-log
+          mountPath: {{ $startupDir }}
         {{- include "ministream.engineVolumeMounts" . | nindent 8 }}
     {{- with .Values.extraContainers }}
     {{- toYaml . | nindent 4 }}
@@ -282,6 +295,11 @@ spec:
     - name: prometheus-multiproc
       emptyDir:
         sizeLimit: 256Mi
+    {{- if ne $role "worker" }}
+    - name: startup-log
+      emptyDir:
+        sizeLimit: 8Mi
+    {{- end }}
     {{- if include "ministream.usesModelVolume" . }}
     {{- include "ministream.modelVolume" . | nindent 4 }}
     {{- end }}
