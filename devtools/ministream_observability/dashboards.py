@@ -221,6 +221,12 @@ _SIDECAR_PHASES = 'phase=~"engine_start|warmup|total"'
 _VLLM_PHASES = 'phase!~"engine_start|warmup|total|profiling_and_compile"'
 
 
+def _phases_panel(title: str, description: str, phases: str) -> Panel:
+    """Cold-start phases per pod, those `phases` (a label matcher) selects."""
+    series = agg("max", ("pod", "phase"), sel(m.COLD_START, POD, phases))
+    return Panel(title, description, (Target(series, "{{phase}} {{pod}}"),), unit="s")
+
+
 def fleet(params: AlertParams) -> Dashboard:
     # Only Deployments that run MiniStream pods: kube-state-metrics labels its series with
     # the deployment, the sidecars with their pod; the pod name carries the deployment.
@@ -273,31 +279,19 @@ def fleet(params: AlertParams) -> Dashboard:
     cold_start = Row(
         "Cold start and warmup",
         (
-            Panel(
+            _phases_panel(
                 "Cold-start phases",
                 "engine_start: process start to vLLM healthy (weights "
                 "loaded); warmup: healthy to warmup done; total: process start to ready. Set "
                 "once per pod.",
-                (
-                    Target(
-                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD, _SIDECAR_PHASES)),
-                        "{{phase}} {{pod}}",
-                    ),
-                ),
-                unit="s",
+                _SIDECAR_PHASES,
             ),
-            Panel(
+            _phases_panel(
                 "vLLM start, by phase",
                 "Inside engine_start, from vLLM's own log: imports, engine core start, "
                 "weights, compile, profiling, CUDA-graph capture, engine finish, API server up "
                 "(consecutive: they add up to vLLM's start). Set once per pod.",
-                (
-                    Target(
-                        agg("max", ("pod", "phase"), sel(m.COLD_START, POD, _VLLM_PHASES)),
-                        "{{phase}} {{pod}}",
-                    ),
-                ),
-                unit="s",
+                _VLLM_PHASES,
             ),
             Panel(
                 "Warmup runs by outcome",

@@ -90,6 +90,37 @@ def test_no_compiler_build_leftovers_or_pip_cache(built_images: dict[str, Any], 
         assert "PIP_NO_CACHE_DIR=1" in env
 
 
+_UNCOMPILED = """
+import importlib.util, pathlib, sys
+missing = total = 0
+for name in sys.argv[1:]:
+    root = pathlib.Path(importlib.util.find_spec(name).origin).parent
+    for py in root.rglob("*.py"):
+        total += 1
+        missing += not pathlib.Path(importlib.util.cache_from_source(str(py))).is_file()
+print(missing, total)
+"""
+
+
+@pytest.mark.parametrize(
+    ("key", "packages"),
+    [
+        ("sidecar", "ministream_sidecar fastapi pydantic"),
+        ("cpu", "ministream ministream_sidecar vllm transformers"),
+        ("serving", "ministream ministream_sidecar"),
+    ],
+)
+def test_bytecode_is_precompiled(built_images: dict[str, Any], key: str, packages: str) -> None:
+    """The pods run on a read-only root filesystem: a module without its .pyc in the image is
+    compiled again at every start (issue 17: precompiling the GPU host's unpacked vLLM cut
+    the API server's imports from 20.5 to 16.7 s). pip compiles what it installs."""
+    script = f"cat > /tmp/c.py <<'PY'{_UNCOMPILED}PY\npython3 /tmp/c.py {packages}"
+    proc = run_in(_tag(built_images, key), script)
+    assert proc.returncode == 0, proc.stderr
+    missing, total = map(int, proc.stdout.split())
+    assert total > 50 and missing == 0, f"{missing} of {total} modules without bytecode"
+
+
 def test_sidecar_image_has_no_engine_and_no_kubernetes_client(built_images: dict[str, Any]) -> None:
     proc = run_in(
         _tag(built_images, "sidecar"),
