@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
@@ -76,6 +77,11 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def startup_log(self) -> Path:
+        """The file the plugin stamps this server's start into (a sidecar's STARTUP_LOG)."""
+        return self.log_path.with_name(f"{self.log_path.stem}.startup.log")
+
     def command(self) -> list[str]:
         return [
             sys.executable,
@@ -98,6 +104,7 @@ class VLLMServer:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
+            STARTUP_LOG_ENV: str(self.startup_log),
             **self.env,
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,7 @@ def sidecar_process(
             "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
             "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
             "MINISTREAM_SIDECAR_INFO_REVISION": "test",
+            "MINISTREAM_SIDECAR_STARTUP_LOG": str(vllm_server.startup_log),
             "MINISTREAM_SIDECAR_LOG_LEVEL": "WARNING",
         }
     )
