@@ -69,7 +69,6 @@ def profile() -> dict[str, Any]:
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
-            env=os.environ,
             check=False,
         )
         err.seek(0)

@@ -32,11 +32,10 @@ START_MARKER = "ministream: server process started"
 _LOGGER = "vllm"
 
 
-def process_start_time(pid: int | None = None) -> float:
-    """Epoch seconds at which process `pid` (default: this one) started (Linux /proc),
-    else now."""
+def process_start_time() -> float:
+    """Epoch seconds at which this process started (Linux /proc), else now."""
     try:
-        with open(f"/proc/{pid or os.getpid()}/stat") as f:
+        with open(f"/proc/{os.getpid()}/stat") as f:
             # Field 22 (starttime, clock ticks after boot); split after the ")" of comm,
             # which may itself contain spaces.
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -54,7 +53,9 @@ class _StampingFactory:
     A record factory, not a handler: vLLM re-applies its logging config (dictConfig) after
     its plugins load, which would drop a handler from its logger; the factory stays. It
     sees records that passed the logger's level, before any handler. Several processes
-    append to the same file: each line is one O_APPEND write."""
+    append to the same file: each line is one O_APPEND write. Once a process finds the
+    file full it stops opening it (the file only grows until the next server start, which
+    is a new process)."""
 
     def __init__(
         self, previous: Callable[..., logging.LogRecord], path: Path, max_bytes: int
@@ -62,25 +63,28 @@ class _StampingFactory:
         self.previous = previous
         self.path = path
         self.max_bytes = max_bytes
+        self.full = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self.previous(*args, **kwargs)
-        if record.name == _LOGGER or record.name.startswith(_LOGGER + "."):
+        if not self.full and (record.name == _LOGGER or record.name.startswith(_LOGGER + ".")):
             try:
                 line = f"{record.created:.3f} {record.getMessage()}".replace("\n", " ")
-                _append(self.path, line + "\n", self.max_bytes)
+                self.full = not self._append(line + "\n")
             except Exception:  # a log line must never break vLLM
                 pass
         return record
 
-
-def _append(path: Path, text: str, max_bytes: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        if os.fstat(fd).st_size < max_bytes:
+    def _append(self, text: str) -> bool:
+        """Append `text` unless the file is full; False when it was."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size >= self.max_bytes:
+                return False
             os.write(fd, text.encode("utf-8", "replace"))
-    finally:
-        os.close(fd)
+            return True
+        finally:
+            os.close(fd)
 
 
 def attach(path: str | Path, max_bytes: int = MAX_BYTES) -> bool:

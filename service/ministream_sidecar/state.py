@@ -155,8 +155,7 @@ class ServingState:
         if warmup is WarmupState.SUCCEEDED and self.warmup_done_at is None:
             self.warmup_done_at = self.clock()
             start = self.engine_ready_at if self.engine_ready_at is not None else self.process_start
-            self.phases[ColdStartPhase.WARMUP] = self.warmup_done_at - start
-            self.metrics.set_phase(ColdStartPhase.WARMUP, self.warmup_done_at - start)
+            self._record_phase(ColdStartPhase.WARMUP, self.warmup_done_at - start)
         self._refresh()
 
     def record_engine_phases(self, phases: dict[str, float | None]) -> None:
@@ -164,8 +163,7 @@ class ServingState:
         for phase in ColdStartPhase:
             seconds = phases.get(phase.value)
             if phase not in self.phases and phase not in _OWN_PHASES and seconds is not None:
-                self.phases[phase] = seconds
-                self.metrics.set_phase(phase, seconds)
+                self._record_phase(phase, seconds)
 
     def start_drain(self) -> None:
         self.draining = True
@@ -173,8 +171,11 @@ class ServingState:
 
     # --- internals -----------------------------------------------------------------------
     def _set_phase(self, phase: ColdStartPhase, at: float) -> None:
-        self.phases[phase] = at - self.process_start
-        self.metrics.set_phase(phase, at - self.process_start)
+        self._record_phase(phase, at - self.process_start)
+
+    def _record_phase(self, phase: ColdStartPhase, seconds: float) -> None:
+        self.phases[phase] = seconds
+        self.metrics.set_phase(phase, seconds)
 
     def _refresh(self) -> None:
         ready = self.ready
