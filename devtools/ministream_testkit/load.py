@@ -9,15 +9,13 @@ did, in CI and on a quiet run of the autoscaling test. A load test must not fail
 
 from __future__ import annotations
 
+import json
 import threading
-from functools import partial
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
 import httpx
-
-from ministream_testkit.vllm_server import metrics_text, sum_samples
-from ministream_testkit.waiting import wait_until
 
 
 class Served(Protocol):
@@ -48,9 +46,33 @@ def completion(http: httpx.Client, model: str, prompt: list[int], max_tokens: in
     http.post("/v1/completions", json=body).raise_for_status()
 
 
-def generated_tokens(url: str) -> float:
-    """vLLM's generation-token counter, summed over its label sets."""
-    return sum_samples(metrics_text(url), "vllm:generation_tokens_total")
+def streamed_completion(
+    http: httpx.Client,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    on_tokens: Callable[[int], None],
+) -> None:
+    """`completion`, streamed: `on_tokens(n)` with the tokens generated so far, as vLLM
+    counts them in each chunk's usage (a chunk may carry several tokens when the client
+    lags). Raises on a non-2xx answer."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            data = line.removeprefix("data: ")
+            if data.startswith("{"):
+                usage = json.loads(data).get("usage")
+                if usage:
+                    on_tokens(usage["completion_tokens"])
 
 
 class BusyEngine:
@@ -58,25 +80,41 @@ class BusyEngine:
 
     One long request is not enough to keep vLLM busy: the tiny model generates 480 tokens in
     about a second, which can end before a /metrics poll sees it running (it did, in CI). The
-    threads start a third of a request apart, so that they never all finish together. A
-    thread stops at its first failed request; `errors` holds it, `check()` raises it.
+    threads start a third of a request apart, so that they never all finish together: each
+    next thread starts once the previous one's first request has streamed a third of its
+    tokens. (This was once read from vLLM's generation-token counter, polled every 20 ms: that
+    counter moves in steps of whole requests, and the polls kept the API server busy, so 8
+    threads took 50 s to start instead of a few.) A thread stops at its first failed request;
+    `errors` holds it, `check()` raises it.
     """
 
     TOKENS = 480  # per request
+    START_TIMEOUT = 120.0  # seconds for one thread's first third
 
     def __init__(self, server: Served, threads: int = 2) -> None:
         self._server = server
         self._stop = threading.Event()
         self.errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        self._under_way = [threading.Event() for _ in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(event,), daemon=True)
+            for event in self._under_way
+        ]
 
-    def _loop(self) -> None:
+    def _loop(self, under_way: threading.Event) -> None:
+        def progress(tokens: int) -> None:
+            if tokens >= self.TOKENS // 3:
+                under_way.set()
+
         with client(self._server.url) as http:
             while not self._stop.is_set():
                 try:
-                    completion(http, self._server.served_name, [5] * 16, self.TOKENS)
+                    streamed_completion(
+                        http, self._server.served_name, [5] * 16, self.TOKENS, progress
+                    )
                 except httpx.HTTPError as e:
                     self.errors.append(e)
+                    under_way.set()  # ends the start-up wait, which then raises it
                     return
 
     def check(self) -> None:
@@ -84,20 +122,12 @@ class BusyEngine:
         if self.errors:
             raise self.errors[0]
 
-    def _generated_at_least(self, tokens: float) -> bool:
-        self.check()
-        return generated_tokens(self._server.url) >= tokens
-
     def __enter__(self) -> BusyEngine:
-        for t in self._threads:
-            target = generated_tokens(self._server.url) + self.TOKENS // 3
-            t.start()
-            wait_until(
-                partial(self._generated_at_least, target),
-                120,
-                0.02,
-                what="the busy-engine request under way",
-            )
+        for thread, under_way in zip(self._threads, self._under_way, strict=True):
+            thread.start()
+            started = under_way.wait(self.START_TIMEOUT)
+            self.check()
+            assert started, f"no busy-engine request under way after {self.START_TIMEOUT:g} s"
         return self
 
     def __exit__(
