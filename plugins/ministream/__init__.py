@@ -9,6 +9,10 @@ imports torch and vLLM again: 24 s of a 115 s first start on the H200, 11 s on t
 CPU machine (docs/benchmarks.md, time to Ready). The model module initialises no device
 at import, and every process that registers the plugin imports it anyway to build the
 model (the engine core is forked from the API server).
+
+It also registers the load guard (`ministream.load_guard.EngineStartCheck`) as the
+architecture's config check, so that a bad model location fails in the API server before
+vLLM starts its engine core.
 """
 
 ARCHITECTURE = "MiniStreamForCausalLM"
@@ -38,3 +42,10 @@ def register() -> None:
         from ministream.model import MiniStreamForCausalLM
 
         ModelRegistry.register_model(ARCHITECTURE, MiniStreamForCausalLM)
+
+    # The load guard at config time, in the API server, before any engine process starts.
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from ministream.load_guard import EngineStartCheck
+
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, EngineStartCheck)

@@ -1,12 +1,16 @@
-"""Checks that run in every vLLM worker when MiniStream is built, before any weight is read.
+"""Checks of the model's location that run before vLLM reads any weight.
 
 vLLM 0.32 itself does not notice that a `sharded_state` set was made for another
 tensor-parallel size (TP=2 shards at TP=1 only warn, then serve garbage), that the files
 come from another model, that an object vanished from the middle of an uploaded model, or
 that stray `*.safetensors` sit under a prefix (the Run:ai streamer loads every one of
-them). `MiniStreamForCausalLM.__init__` calls `check_before_load`, which looks only at file
-listings, small JSON files and safetensors headers, so a bad location fails within
-seconds, with a message that says what to run, and serves nothing.
+them). `check_before_load` looks only at file listings, small JSON files and safetensors
+headers, so a bad location fails within seconds, with a message that says what to run, and
+serves nothing. It runs first in the API server, when vLLM builds its config and before it
+starts the engine core (`EngineStartCheck`, registered by the plugin): a failing start ends
+after the imports, not after the engine core's and workers' starts. It runs again in each
+worker from `MiniStreamForCausalLM.__init__` (offline `vllm.LLM` included), which also reads
+the headers of that rank's own shard files.
 
 - sharded formats (`sharded_state`, `runai_streamer_sharded`): `ministream_shards.json`
   must exist and match the engine's TP/PP sizes; the shard files must be exactly the listed
@@ -118,10 +122,12 @@ class Location:
         return parse_safetensors_header(first8 + rest, origin, size)
 
 
-def check_before_load(vllm_config: Any) -> None:
-    """Entry point, called from `MiniStreamForCausalLM.__init__` in each worker."""
-    from vllm.distributed import get_tensor_model_parallel_rank
-
+def check_before_load(vllm_config: Any, rank: int | None = None) -> None:
+    """Entry point. Called twice: once in the API server when vLLM builds its config, before
+    any engine process starts (`EngineStartCheck`, `rank=None`), so that a bad location fails
+    in the time of the imports instead of after the engine core and its workers started;
+    then from `MiniStreamForCausalLM.__init__` in each worker, with its TP rank, which also
+    checks the headers of that rank's shard files."""
     load_format = str(
         getattr(vllm_config.load_config.load_format, "value", vllm_config.load_config.load_format)
     )
@@ -134,7 +140,7 @@ def check_before_load(vllm_config: Any) -> None:
             Path(model_config.model),
             parallel.tensor_parallel_size,
             parallel.pipeline_parallel_size,
-            get_tensor_model_parallel_rank(),
+            rank,
             str(model_config.dtype).removeprefix("torch."),
         )
     elif load_format in WHOLE_MODEL_FORMATS:
@@ -142,8 +148,10 @@ def check_before_load(vllm_config: Any) -> None:
 
 
 def check_shard_set(
-    weights: str, config_dir: Path, tp: int, pp: int, rank: int, dtype: str | None = None
+    weights: str, config_dir: Path, tp: int, pp: int, rank: int | None, dtype: str | None = None
 ) -> None:
+    """`rank=None` (the engine-start check): everything but the shard files' own headers,
+    which each worker checks for its rank."""
     loc = Location(weights)
     text = loc.read_text(SHARDS_META_NAME)
     if text is None:
@@ -188,7 +196,10 @@ def check_shard_set(
         )
     _check_same_model(info, weights, config_dir)
     _check_pin(info.source_model_hash, f"shard set {weights}")
-    # Own files only: a rank never opens another rank's shard (the tests watch for it).
+    if rank is None:
+        return  # the shard files' headers are each rank's to read, in its worker
+    # Own files only: a process never opens a rank's shard but that rank's worker (the tests
+    # watch for it).
     for name in info.files_for_rank(rank):
         meta = loc.header(name, sizes.get(name)).get("__metadata__") or {}
         made_for = (meta.get(HEADER_MODEL_HASH), meta.get(HEADER_TP_SIZE), meta.get(HEADER_RANK))
@@ -279,3 +290,20 @@ def check_model_files(weights: str, load_format: str) -> None:
             "*.safetensors under a prefix); remove them"
             + (" or re-upload with `ministream upload --delete-stray`." if loc.is_s3 else ".")
         )
+
+
+class EngineStartCheck:
+    """`check_before_load` at config time, in the API server.
+
+    vLLM 0.32 calls `verify_and_update_config(vllm_config)` of the class registered for the
+    served architecture in `vllm.model_executor.models.config.MODELS_CONFIG_MAP` when it
+    builds its `VllmConfig` (`VllmConfig.try_verify_and_update_config`), which `vllm serve`
+    does before it starts the engine core. `register()` adds this class there."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        check_before_load(vllm_config)
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        return None

@@ -21,7 +21,11 @@ import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
@@ -251,7 +255,7 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         super().__init__()
         # Shard set vs TP size/model, incomplete uploads, stray weights: fail before any
         # weight is read (vLLM 0.32 checks none of these; see load_guard).
-        check_before_load(vllm_config)
+        check_before_load(vllm_config, get_tensor_model_parallel_rank())
         config = vllm_config.model_config.hf_config
         self.config = config
         self.quant_config = vllm_config.quant_config

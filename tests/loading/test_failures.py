@@ -3,7 +3,8 @@
 Each case starts `vllm.entrypoints.openai.api_server` and requires that it exits non-zero
 without `/health` ever answering 200, and that its log carries the message a user needs.
 Cases that vLLM 0.32 would otherwise let through (TP mismatch, shards of another model,
-an incomplete upload) are stopped by the plugin's load guard before any weight is read.
+an incomplete upload) are stopped by the plugin's load guard before any weight is read, in
+the API server while vLLM builds its config: no engine-core process ever starts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from tests.loading.helpers import BASE_ARGS, START_TIMEOUT, expect_start_failure
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(7200)]
 RUNAI = ["--load-format", "runai_streamer"]
 WEIGHTS_READ = "Loading weights took"  # vLLM logs this once weights were read
+ENGINE_CORE = "(EngineCore"  # the prefix of every line the engine-core process logs
+
+
+def assert_stopped_before_the_engine_core(log: str) -> None:
+    """The load guard ran in the API server (ministream.load_guard.EngineStartCheck)."""
+    assert ENGINE_CORE not in log, "the engine core started: the guard ran too late"
+    assert WEIGHTS_READ not in log
 
 
 def test_wrong_credentials(model_url: str, s3_env: dict[str, str], tmp_path: Path) -> None:
@@ -55,7 +63,7 @@ def test_object_deleted_from_the_middle(
     s3.client().delete_object(Bucket=BUCKET, Key="holey/model-00002-of-00003.safetensors")
     log = expect_start_failure(url, tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI)
     assert f"{url} is incomplete: missing model-00002-of-00003.safetensors" in log
-    assert WEIGHTS_READ not in log
+    assert_stopped_before_the_engine_core(log)
 
 
 def test_interrupted_upload_is_not_served(
@@ -72,7 +80,7 @@ def test_interrupted_upload_is_not_served(
     s3.client().delete_object(Bucket=BUCKET, Key=f"half/{MANIFEST_NAME}")
     log = expect_start_failure(url, tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI)
     assert f"{url} has no {MANIFEST_NAME}: the upload did not finish" in log
-    assert WEIGHTS_READ not in log
+    assert_stopped_before_the_engine_core(log)
 
 
 def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
@@ -125,7 +133,7 @@ def test_tp_mismatch_fails_before_reading_weights(shards_tp2: Path, tmp_path: Pa
     ) in log
     assert "--tensor-parallel-size 2" in log
     assert "ministream shard --model" in log and "--tensor-parallel-size 1" in log
-    assert WEIGHTS_READ not in log
+    assert_stopped_before_the_engine_core(log)
 
 
 def test_shard_set_from_another_model(
@@ -151,5 +159,6 @@ def test_shard_set_from_another_model(
         str(mixed), tmp_path / "vllm.log", tp=2, extra_args=["--load-format", "sharded_state"]
     )
     assert f"{mixed}/model-rank-1-part-0.safetensors was made from another model" in log
-    # Rank 1 stops before reading; rank 0 may read its own (valid) shard meanwhile.
+    # Each worker checks its own files' headers (the API server opens no shard file): rank 1
+    # stops before reading; rank 0 may read its own (valid) shard meanwhile.
     assert not [ln for ln in log.splitlines() if "Worker_TP1" in ln and WEIGHTS_READ in ln]
