@@ -300,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_shard)
 
+    from ministream import compile_cache
+
+    compile_cache.add_parser(sub)
+
     # Listed for --help only: main() hands everything after `up` to the launcher's own
     # parser (argparse's REMAINDER does not take a leading `--model`).
     sub.add_parser(

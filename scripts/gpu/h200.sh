@@ -11,8 +11,8 @@
 #   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
-#     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm (engine core
-#     forked, not spawned) and the pseudo-variant importprofile; NAME.N repeats NAME; each
+#     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
+#     (engine core forked, not spawned) and the pseudo-variant importprofile; NAME.N repeats NAME; each
 #     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
 #     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
 #     run, default 200): a fresh-cache start took > 95 s on 2026-12-01, give it >= 180.
@@ -128,15 +128,19 @@ case "$step" in
         pyc)  # precompile vLLM's bytecode into the install, as an image build step would
           t=$SECONDS; python3 -m compileall -q -j 16 /tmp/site > "$out/compileall.log" 2>&1
           echo "compileall: exit $? in $((SECONDS - t)) s" | tee -a "$out/compileall.log"; continue ;;
-        chart-seeded)  # compile_cache.py: pack chart's cache, check + unpack it elsewhere
-          python3 scripts/compile_cache.py pack --cache-root /tmp/cc/chart --model $M/gpu-1b \
+        chart-seeded|chart-fork-seeded)  # ministream compile-cache: pack chart's cache, check +
+          # unpack it elsewhere (as an init container would from the model's storage)
+          python3 -m ministream.cli compile-cache pack --cache-root /tmp/cc/chart --model $M/gpu-1b \
             --out /tmp/cc/chart.tar > "$out/compile-cache-pack.json" 2>&1
-          rm -rf /tmp/cc/seeded; python3 scripts/compile_cache.py unpack --archive /tmp/cc/chart.tar \
+          rm -rf /tmp/cc/seeded; python3 -m ministream.cli compile-cache unpack --archive /tmp/cc/chart.tar \
             --cache-root /tmp/cc/seeded --model $M/gpu-1b > "$out/compile-cache-unpack.json" 2>&1
           grep -h '"seeded"\|"bytes"\|"seconds"' "$out"/compile-cache-*.json
-          a=(--mode chart --cache-root /tmp/cc/seeded) ;;
+          a=(--mode chart --cache-root /tmp/cc/seeded)
+          [ "${v%-pyc}" = chart-fork-seeded ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
         chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
                            --extra-arg=--max-cudagraph-capture-size=64) ;;
+        chart-graphs64-warm)  # chart-graphs64 again, on the cache its last run filled
+          a=(--mode chart --cache-root /tmp/cc/g64 --extra-arg=--max-cudagraph-capture-size=64) ;;
         chart-fork-fresh)  # the engine core forked from the API server, not spawned
           a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache
              --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
@@ -149,6 +153,7 @@ case "$step" in
             head -30; continue ;;
         *) echo "unknown variant $v"; continue ;;
       esac
+      [ "${FORK:-0}" = 1 ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork)  # any variant, forked
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
       # makes cold_start.py stop the server and write what it has (issue 17's first
       # fresh-start runs were killed by a bare `timeout` and wrote nothing).

@@ -426,6 +426,34 @@ def test_compile_cache_volume(rendered: Rendered, values: dict) -> None:
         assert "emptyDir" in vol and not rendered.of_kind("PersistentVolumeClaim")
 
 
+def test_compile_cache_seed(rendered: Rendered, values: dict) -> None:
+    """The seed runs before vLLM, with vLLM's environment, volumes and accelerators, into
+    vLLM's cache root, checked against the model the server's weights come from."""
+    seed = values["persistence"]["compileCache"]["seedArchive"]
+    spec = pod_spec(rendered)
+    inits = [c["name"] for c in spec.get("initContainers", [])]
+    if not seed:
+        assert "compile-cache-seed" not in inits
+        return
+    init, vllm = container(spec, "compile-cache-seed"), container(spec, "vllm")
+    assert inits.index("compile-cache-seed") < inits.index("sidecar")
+    command = init["command"]
+    assert command[:3] == ["ministream", "compile-cache", "unpack"]
+    args = dict(zip(command[3::2], command[4::2], strict=True))
+    assert args["--archive"] == seed
+    assert args["--cache-root"] == env_value(vllm, "VLLM_CACHE_ROOT")
+    # The source model: what vLLM serves, or what its shards were made from.
+    shards = shard_containers(rendered)
+    source = shards[0]["command"] if shards else vllm["args"]
+    assert args["--model"] == source[source.index("--model") + 1]
+    assert all(e in vllm["env"] for e in init["env"])
+    assert init["volumeMounts"] == [m for m in vllm["volumeMounts"] if m in init["volumeMounts"]]
+    assert mounted(init, args["--cache-root"])
+    if not seed.startswith("s3://"):
+        assert mounted(init, seed)
+    assert init["resources"] == vllm["resources"]  # the GPU, for nvidia-smi's name check
+
+
 def test_service_account_token_only_in_sidecar(rendered: Rendered, values: dict) -> None:
     spec = pod_spec(rendered)
     sa_path = "/var/run/secrets/kubernetes.io/serviceaccount"

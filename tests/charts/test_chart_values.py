@@ -63,6 +63,22 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "unknown-loading-mode": ({"loading": {"mode": "nfs"}}, ["mode"]),
     "unknown-rollout-mode": ({"rollout": {"mode": "blueGreen"}}, ["mode"]),
+    "seed-archive-s3-in-a-local-mode": (
+        {"persistence": {"compileCache": {"seedArchive": "s3://models/cc.tar"}}},
+        ["seedArchive"],
+    ),
+    "seed-archive-path-in-an-s3-mode": (
+        {**S3, "persistence": {"compileCache": {"seedArchive": "/models/cc.tar"}}},
+        ["seedArchive"],
+    ),
+    "seed-archive-relative-path": (
+        {"persistence": {"compileCache": {"seedArchive": "cc.tar"}}},
+        ["seedArchive"],
+    ),
+    "unknown-multiproc-method": (
+        {"vllm": {"workerMultiprocMethod": "forkserver"}},
+        ["workerMultiprocMethod"],
+    ),
     "unknown-accelerator": ({"accelerator": {"type": "tpu"}}, ["type"]),
     "typo-top-level-key": ({"tensorParalelSize": 2}, ["tensorParalelSize"]),
     "typo-nested-key": ({"loading": {"s3": {"buckett": "x"}}}, ["buckett"]),
@@ -248,6 +264,29 @@ def test_good_overrides_render(tmp_path: Path) -> None:
         ),
     )
     assert ok.one("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 105
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", None], ids=["fork", "spawn", "default"])
+def test_worker_multiproc_method_reaches_vllm_and_its_workers(
+    tmp_path: Path, method: str | None
+) -> None:
+    """`vllm.workerMultiprocMethod` is vLLM's `VLLM_WORKER_MULTIPROC_METHOD`, fork by default
+    (docs/benchmarks.md, run 9), in the vLLM container of a one-node pod and in every
+    engine container of a multi-node group."""
+    overrides: dict[str, Any] = {"vllm": {"workerMultiprocMethod": method}} if method else {}
+    for scenario in (BASE, CHART / "ci" / "multinode-2x8-values.yaml"):
+        out = render(scenario, _write(tmp_path, overrides))
+        roles = ["leader", "worker"] if out.workload()["kind"] == "LeaderWorkerSet" else ["leader"]
+        engines = [
+            c
+            for role in roles
+            for c in out.pod_template(role)["spec"]["containers"]
+            if c["name"] != "sidecar"
+        ]
+        assert len(engines) == len(roles), scenario
+        for container in engines:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["VLLM_WORKER_MULTIPROC_METHOD"] == (method or "fork"), container["name"]
 
 
 # ---------------------------------------------------------------- docs

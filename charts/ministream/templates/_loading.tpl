@@ -42,6 +42,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The converted model the shards are made from and a compile cache is checked against. */}}
+{{- define "ministream.sourceModelUri" -}}
+{{- ternary (include "ministream.s3ModelUri" .) (include "ministream.localModelPath" .) (eq (include "ministream.usesS3" .) "true") -}}
+{{- end -}}
+
 {{/* What vLLM's --model gets. */}}
 {{- define "ministream.modelUri" -}}
 {{- if include "ministream.isSharded" . -}}
@@ -132,8 +137,7 @@
 
 {{/* The shard-preparation command: the same TP as the server, by construction. */}}
 {{- define "ministream.shardCommand" -}}
-{{- $source := ternary (include "ministream.localModelPath" .) (include "ministream.s3ModelUri" .) (eq .Values.loading.mode "shardedState") -}}
-{{- $cmd := list "ministream" "shard" "--model" $source "--tensor-parallel-size" (include "ministream.tensorParallelSize" .) "--output" (include "ministream.shardsUri" .) -}}
+{{- $cmd := list "ministream" "shard" "--model" (include "ministream.sourceModelUri" .) "--tensor-parallel-size" (include "ministream.tensorParallelSize" .) "--output" (include "ministream.shardsUri" .) -}}
 {{- toYaml (concat $cmd .Values.loading.sharded.prepare.extraArgs | toStrings) -}}
 {{- end -}}
 

@@ -91,6 +91,26 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
     {{- end }}
+    {{- if .Values.persistence.compileCache.seedArchive }}
+    # Seeds the empty compile cache when the archive was made for this vLLM, torch, GPU and
+    # model; otherwise it says why and leaves the cache empty. It never fails the pod. Same
+    # environment, volumes and accelerators as vLLM (nvidia-smi names the GPU).
+    - name: compile-cache-seed
+      image: {{ include "ministream.image" . | quote }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command:
+        {{- toYaml (list "ministream" "compile-cache" "unpack" "--archive" .Values.persistence.compileCache.seedArchive "--cache-root" (include "ministream.compileCacheRoot" .) "--model" (include "ministream.sourceModelUri" .)) | nindent 8 }}
+      env:
+        {{- include "ministream.engineEnv" . | nindent 8 }}
+      volumeMounts:
+        {{- include "ministream.engineVolumeMounts" . | nindent 8 }}
+      resources:
+        {{- include "ministream.engineResources" . | nindent 8 }}
+      {{- with .Values.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- end }}
     {{- with .Values.initContainers }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -336,6 +356,9 @@ spec:
 The engine's environment: vLLM on the server or leader, the Ray worker on the other pods of a
 group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* variables).
 */}}
+{{/* vLLM's compile cache (VLLM_CACHE_ROOT, Triton's cache inside it): the compile-cache volume. */}}
+{{- define "ministream.compileCacheRoot" -}}/var/cache/vllm{{- end -}}
+
 {{- define "ministream.engineEnv" -}}
 # Read-only root filesystem: every path vLLM writes to is a mounted volume.
 - name: HOME
@@ -343,11 +366,13 @@ group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* 
 - name: HF_HOME
   value: /var/cache/ministream/hf
 - name: VLLM_CACHE_ROOT
-  value: /var/cache/vllm
+  value: {{ include "ministream.compileCacheRoot" . }}
 - name: TRITON_CACHE_DIR
-  value: /var/cache/vllm/triton
+  value: {{ include "ministream.compileCacheRoot" . }}/triton
 - name: PROMETHEUS_MULTIPROC_DIR
   value: /var/run/ministream/prometheus
+- name: VLLM_WORKER_MULTIPROC_METHOD
+  value: {{ .Values.vllm.workerMultiprocMethod | quote }}
 {{- if .Values.model.hash }}
 {{- include "ministream.modelHashEnv" . | trim | nindent 0 }}
 {{- end }}
@@ -375,7 +400,7 @@ group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* 
 - name: model-cache
   mountPath: /var/cache/ministream
 - name: compile-cache
-  mountPath: /var/cache/vllm
+  mountPath: {{ include "ministream.compileCacheRoot" . }}
 - name: prometheus-multiproc
   mountPath: /var/run/ministream/prometheus
 {{- if include "ministream.usesModelVolume" . }}
