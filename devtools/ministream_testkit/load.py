@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -34,16 +34,20 @@ def client(url: str, timeout: float = 300) -> httpx.Client:
     )
 
 
-def completion(http: httpx.Client, model: str, prompt: list[int], max_tokens: int) -> None:
-    """One greedy completion of exactly `max_tokens` tokens; raises on a non-2xx answer."""
-    body = {
+def _greedy(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """The body of a greedy completion of exactly `max_tokens` tokens."""
+    return {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
     }
-    http.post("/v1/completions", json=body).raise_for_status()
+
+
+def completion(http: httpx.Client, model: str, prompt: list[int], max_tokens: int) -> None:
+    """One greedy completion of exactly `max_tokens` tokens; raises on a non-2xx answer."""
+    http.post("/v1/completions", json=_greedy(model, prompt, max_tokens)).raise_for_status()
 
 
 def streamed_completion(
@@ -56,12 +60,7 @@ def streamed_completion(
     """`completion`, streamed: `on_tokens(n)` with the tokens generated so far, as vLLM
     counts them in each chunk's usage (a chunk may carry several tokens when the client
     lags). Raises on a non-2xx answer."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
+    body = _greedy(model, prompt, max_tokens) | {
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
