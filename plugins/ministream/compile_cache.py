@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ministream.errors import CheckpointError, StorageError
+from ministream.errors import CheckpointError, MiniStreamError, StorageError
 from ministream.s3 import download, is_s3, make_client, parse_url
 
 MANIFEST = "ministream-compile-cache.json"
@@ -136,10 +136,13 @@ def mismatches(manifest: dict[str, Any], here: dict[str, str]) -> list[str]:
 
 def unpack(archive: str | Path, cache_root: Path, model: str) -> dict[str, Any]:
     """Extract `archive` into an empty `cache_root` when it was made for this machine and
-    model; `{"seeded": False, "reason": ...}` otherwise (nothing written)."""
+    model; `{"seeded": False, "reason": ...}` otherwise, with nothing left behind. Never
+    raises for a bad, missing or unreadable archive: a pod must not fail over its cache."""
     if cache_root.exists() and any(cache_root.iterdir()):
         return {"seeded": False, "reason": f"{cache_root} is not empty (kept from a run)"}
-    if is_s3(str(archive)):
+    try:
+        if not is_s3(str(archive)):
+            return _unpack_local(Path(archive), cache_root, model)
         with tempfile.TemporaryDirectory(prefix="compile-cache-") as tmp:
             url, name = str(archive).rsplit("/", 1)
             try:
@@ -147,17 +150,18 @@ def unpack(archive: str | Path, cache_root: Path, model: str) -> dict[str, Any]:
             except StorageError as exc:
                 return {"seeded": False, "reason": f"cannot read {archive}: {exc}"}
             return _unpack_local(Path(tmp) / name, cache_root, model)
-    return _unpack_local(Path(archive), cache_root, model)
+    except (MiniStreamError, OSError, tarfile.TarError, ValueError, KeyError) as exc:
+        return {"seeded": False, "reason": f"{archive}: {type(exc).__name__}: {exc}"}
 
 
 def _unpack_local(archive: Path, cache_root: Path, model: str) -> dict[str, Any]:
     if not archive.exists():
         return {"seeded": False, "reason": f"no archive at {archive}"}
     with tarfile.open(archive) as tar:
-        member = tar.extractfile(MANIFEST)
-        if member is None:
+        if MANIFEST not in tar.getnames():
             return {"seeded": False, "reason": "archive has no manifest"}
-        manifest = json.loads(member.read())
+        member = tar.extractfile(MANIFEST)
+        manifest = json.loads(member.read()) if member is not None else {}
         wrong = mismatches(manifest, identity(model))
         if wrong:
             return {"seeded": False, "reason": "; ".join(wrong)}
@@ -169,8 +173,20 @@ def _unpack_local(archive: Path, cache_root: Path, model: str) -> dict[str, Any]
                 tarfile.data_filter(info, str(cache_root))
         except tarfile.FilterError as exc:
             return {"seeded": False, "reason": f"archive holds an unsafe path: {exc}"}
+        # Into a folder beside the entries first, then each top-level entry renamed into
+        # place: a full disk or a broken archive leaves the cache root as it was (empty).
         cache_root.mkdir(parents=True, exist_ok=True)
-        tar.extractall(cache_root, members=names, filter="data")
+        staging = Path(tempfile.mkdtemp(prefix=".seeding-", dir=cache_root))
+        try:
+            tar.extractall(staging, members=names, filter="data")
+            for entry in sorted(staging.iterdir()):
+                entry.replace(cache_root / entry.name)
+        except BaseException:
+            for entry in cache_root.iterdir():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return {"seeded": True, "manifest": manifest}
 
 

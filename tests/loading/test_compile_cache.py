@@ -9,6 +9,7 @@ reads the archive and the model's manifest from a real S3-compatible server (con
 
 from __future__ import annotations
 
+import errno
 import json
 import tarfile
 from pathlib import Path
@@ -97,6 +98,45 @@ def test_refusals_write_nothing(
     refused_evil = cc.unpack(evil, tmp_path / "r4", str(model))
     assert "unsafe path" in refused_evil["reason"]
     assert not (tmp_path / "r4").exists() and not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-a-tar"])
+def test_a_broken_archive_leaves_the_cache_empty(
+    model: Path, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """Cut off inside its last file (as a full disk or a broken copy leaves it), or not an
+    archive at all: refused, the cache root stays empty, and unpack does not raise."""
+    (cache / "triton" / "big").write_bytes(bytes(range(256)) * 400)  # last, 100 KiB
+    monkeypatch.setattr(cc, "accelerator", lambda: GPU)
+    archive = tmp_path / "cc.tar"
+    cc.pack(cache, str(model), archive)
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) - 60_000] if damage == "truncated" else b"x" * 4096)
+    root = tmp_path / "root"
+    result = cc.unpack(archive, root, str(model))
+    assert result["seeded"] is False and str(archive) in result["reason"], result
+    assert not root.exists()  # both are found before anything is written
+
+
+def test_a_failure_while_extracting_leaves_the_cache_empty(
+    archive: Path, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk half-way (injected: the second entry's move fails with ENOSPC) removes
+    what the first one wrote."""
+    moves = []
+    real_replace = Path.replace
+
+    def replace(self: Path, target: Path) -> Path:
+        moves.append(self.name)
+        if len(moves) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    root = tmp_path / "root"
+    result = cc.unpack(archive, root, str(model))
+    assert result["seeded"] is False and "No space left" in result["reason"], result
+    assert len(moves) == 2 and root.is_dir() and list(root.iterdir()) == []
 
 
 def test_nothing_to_pack_is_a_clear_error(
