@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ministream.errors import CheckpointError
+from ministream.manifest import sha256_file
 from ministream.raw_formats import (
     DCP_METADATA,
     Source,
@@ -138,14 +139,6 @@ def _read_torch(path: Path) -> Source:
             "dict with the state dict under a key such as 'model')"
         )
     return Source("torch", tree_of(obj), path.parent, (path.name,))
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_files(root: Path, names: Sequence[str]) -> str:

@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ministream.checkpoint import open_raw_checkpoint, sha256_file
+from ministream.checkpoint import open_raw_checkpoint
 from ministream.errors import CheckpointError, is_enospc
-from ministream.manifest import MANIFEST_NAME, Manifest
+from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
 from ministream.names import Slice, conversion_plan
 from ministream.raw_layouts import Layout, explain_prefixes
 from ministream.train_config import TrainConfig

@@ -14,11 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ministream.checkpoint import sha256_file
 from ministream.errors import CheckpointError
 from ministream.member_names import outside_names
 
 MANIFEST_NAME = "ministream_manifest.json"
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 FORMAT_VERSION = 1
 
 

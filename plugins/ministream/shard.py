@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ministream.checkpoint import sha256_file
 from ministream.errors import CheckpointError, ShardError, StorageError, is_enospc
-from ministream.manifest import MANIFEST_NAME, Manifest, converter_version, verify_dir
+from ministream.manifest import MANIFEST_NAME, Manifest, converter_version, sha256_file, verify_dir
 from ministream.s3 import is_s3
 from ministream.shardset import SHARDS_META_NAME, ShardSetInfo
 from ministream.versions import vllm_version

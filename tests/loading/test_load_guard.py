@@ -15,10 +15,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ministream.checkpoint import sha256_file
 from ministream.errors import CheckpointError, ShardError
 from ministream.load_guard import PIN_ENV, check_model_files, check_shard_set
-from ministream.manifest import Manifest
+from ministream.manifest import Manifest, sha256_file
 from ministream.shardset import (
     HEADER_MODEL_HASH,
     HEADER_RANK,

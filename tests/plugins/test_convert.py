@@ -87,7 +87,7 @@ def test_directory_contract(models: ModelFactory) -> None:
     manifest = verify_dir(model_dir)
     assert set(manifest.files) == {p.name for p in model_dir.iterdir()} - {MANIFEST_NAME}
     raw = models.raw("tiny")
-    from ministream.checkpoint import sha256_file
+    from ministream.manifest import sha256_file
 
     assert manifest.source["checkpoint_sha256"] == sha256_file(raw / "model.pt")
 
