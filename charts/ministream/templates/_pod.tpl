@@ -352,13 +352,13 @@ spec:
 {{- end -}}
 {{- end -}}
 
+{{/* vLLM's compile cache (VLLM_CACHE_ROOT, Triton's cache inside it): the compile-cache volume. */}}
+{{- define "ministream.compileCacheRoot" -}}/var/cache/vllm{{- end -}}
+
 {{/*
 The engine's environment: vLLM on the server or leader, the Ray worker on the other pods of a
 group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* variables).
 */}}
-{{/* vLLM's compile cache (VLLM_CACHE_ROOT, Triton's cache inside it): the compile-cache volume. */}}
-{{- define "ministream.compileCacheRoot" -}}/var/cache/vllm{{- end -}}
-
 {{- define "ministream.engineEnv" -}}
 # Read-only root filesystem: every path vLLM writes to is a mounted volume.
 - name: HOME
