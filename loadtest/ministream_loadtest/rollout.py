@@ -332,12 +332,18 @@ class Rollout:
 
     # --- the report -----------------------------------------------------------------------
     def _pod_at(self, server: str, t: float) -> str | None:
-        for pod in self.pods:
-            if pod.slot.server == server and pod.events.get(
-                "created", math.inf
-            ) <= t <= pod.events.get("exited", math.inf):
-                return pod.name
-        return None
+        """The pod behind HAProxy's `server` at `t`: the slot's latest pod created by then.
+
+        A pod owns its slot's endpoint from its creation until the next pod takes the slot,
+        which is after the endpoint's removal, not at its exit: a pod that exits before its
+        endpoint goes (no drain) still has requests routed to it, and they fail as its own.
+        """
+        owners = [
+            pod
+            for pod in self.pods
+            if pod.slot.server == server and pod.events.get("created", math.inf) <= t
+        ]
+        return max(owners, key=lambda pod: pod.events["created"]).name if owners else None
 
     def _window(self, records: list[RequestRecord]) -> dict[str, Any]:
         return {

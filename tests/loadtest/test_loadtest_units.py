@@ -4,6 +4,7 @@ real HAProxy following readiness in front of toy backends."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from ministream_loadtest.engine import engine_args
 from ministream_loadtest.fleet import cpu_binding, tensor_parallel_size
 from ministream_loadtest.haproxy import HAProxy, Slot, StateWatcher, find_haproxy, render_config
 from ministream_loadtest.records import classify_error, latency_summary, load_records
-from ministream_loadtest.rollout import max_load_seconds
+from ministream_loadtest.rollout import Rollout, max_load_seconds
 from ministream_loadtest.scenarios import load_scenario, resolve_scenario, shipped_scenarios
 from ministream_loadtest.slo import point_report
 from ministream_testkit.helm import helm_path
@@ -154,6 +156,28 @@ def test_the_load_cap_outlasts_any_rollout_within_its_timeouts() -> None:
     one = max_load_seconds(t, 1, startup_timeout=600, lead_in=10, tail=10)
     two = max_load_seconds(t, 2, startup_timeout=600, lead_in=10, tail=10)
     assert two - one == one - 20 >= 600 + t.termination_grace_period_seconds
+
+
+def test_a_failure_belongs_to_the_pod_whose_endpoint_it_was_sent_to() -> None:
+    """Without a drain a pod can exit while its endpoint is still in HAProxy: requests sent
+    there then fail as that pod's (a 503), until the slot's next pod is created."""
+
+    def pod(name: str, server: str, **events: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, slot=SimpleNamespace(server=server), events=events)
+
+    rollout = SimpleNamespace(
+        pods=[
+            pod("v1-0", "s0", created=0.0, exited=50.0, endpoint_removed=54.0),
+            pod("v1-1", "s1", created=0.0),
+            pod("v2-0", "s0", created=55.0),
+        ]
+    )
+    owner = functools.partial(Rollout._pod_at, rollout)  # type: ignore[arg-type]
+    assert owner("s0", 10.0) == "v1-0"
+    assert owner("s0", 52.0) == "v1-0"  # exited, endpoint not yet removed
+    assert owner("s0", 56.0) == "v2-0"
+    assert owner("s1", 56.0) == "v1-1"
+    assert owner("s0", -1.0) is None and owner("s9", 10.0) is None
 
 
 def test_each_pod_gets_cores_of_its_own() -> None:
