@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--engine", choices=["vllm", "reference"], default="vllm")
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_tokens,
             dtype=args.dtype,
             tensor_parallel_size=args.tp,
+            pipeline_parallel_size=args.pp,
             load_format=args.load_format,
             max_model_len=args.max_model_len,
             enforce_eager=args.eager,

@@ -138,6 +138,7 @@ def _shard(args: argparse.Namespace) -> int:
         args.model,
         args.tensor_parallel_size,
         args.output,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         dtype=args.dtype,
         max_part_bytes=parse_size(args.max_part_size),
         force=args.force,
@@ -150,10 +151,9 @@ def _shard(args: argparse.Namespace) -> int:
         else f"written and verified by reloading in {result.seconds:.0f}s"
     )
     print(
-        f"{result.output}: shard set for tensor-parallel size {info.tensor_parallel_size} "
+        f"{result.output}: shard set for {info.layout} "
         f"of model {info.source_model_hash[:16]} ({len(info.files)} file(s)), {what}. "
-        f"Serve: --load-format sharded_state (runai_streamer_sharded on S3) "
-        f"--tensor-parallel-size {info.tensor_parallel_size}"
+        f"Serve: --load-format sharded_state (runai_streamer_sharded on S3) {info.layout.flags}"
     )
     return 0
 
@@ -279,10 +279,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_upload)
 
     p = sub.add_parser(
-        "shard", help="pre-shard a model for one tensor-parallel size (vLLM sharded_state layout)"
+        "shard",
+        help="pre-shard a model for one tensor x pipeline-parallel layout (vLLM sharded_state)",
     )
     p.add_argument("--model", required=True, help="converted model directory or s3:// URL")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, required=True)
+    p.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int,
+        default=1,
+        help="pipeline stages (default 1); one rank process per tensor x pipeline rank",
+    )
     p.add_argument("--output", required=True, help="directory or s3:// URL")
     p.add_argument(
         "--dtype",

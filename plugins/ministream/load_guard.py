@@ -36,10 +36,13 @@ from ministream.errors import CheckpointError, ShardError, StorageError
 from ministream.manifest import MANIFEST_NAME, Manifest
 from ministream.shardset import (
     HEADER_MODEL_HASH,
+    HEADER_PP_RANK,
+    HEADER_PP_SIZE,
     HEADER_RANK,
     HEADER_TP_SIZE,
     SHARDED_FORMATS,
     SHARDS_META_NAME,
+    Layout,
     ShardSetInfo,
     checked_header_length,
     parse_safetensors_header,
@@ -122,12 +125,12 @@ class Location:
         return parse_safetensors_header(first8 + rest, origin, size)
 
 
-def check_before_load(vllm_config: Any, rank: int | None = None) -> None:
+def check_before_load(vllm_config: Any, rank: int | None = None, pp_rank: int = 0) -> None:
     """Entry point. Called twice: once in the API server when vLLM builds its config, before
     any engine process starts (`EngineStartCheck`, `rank=None`), so that a bad location fails
     in the time of the imports instead of after the engine core and its workers started;
-    then from `MiniStreamForCausalLM.__init__` in each worker, with its TP rank, which also
-    checks the headers of that rank's shard files."""
+    then from `MiniStreamForCausalLM.__init__` in each worker, with its TP and PP ranks,
+    which also checks the headers of that rank's shard files."""
     load_format = str(
         getattr(vllm_config.load_config.load_format, "value", vllm_config.load_config.load_format)
     )
@@ -138,9 +141,8 @@ def check_before_load(vllm_config: Any, rank: int | None = None) -> None:
         check_shard_set(
             weights,
             Path(model_config.model),
-            parallel.tensor_parallel_size,
-            parallel.pipeline_parallel_size,
-            rank,
+            Layout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size),
+            None if rank is None else (pp_rank, rank),
             str(model_config.dtype).removeprefix("torch."),
         )
     elif load_format in WHOLE_MODEL_FORMATS:
@@ -148,37 +150,38 @@ def check_before_load(vllm_config: Any, rank: int | None = None) -> None:
 
 
 def check_shard_set(
-    weights: str, config_dir: Path, tp: int, pp: int, rank: int | None, dtype: str | None = None
+    weights: str,
+    config_dir: Path,
+    layout: Layout,
+    ranks: tuple[int, int] | None,
+    dtype: str | None = None,
 ) -> None:
-    """`rank=None` (the engine-start check): everything but the shard files' own headers,
-    which each worker checks for its rank."""
+    """`ranks` is a worker's (pp_rank, tp_rank); None (the engine-start check): everything
+    but the shard files' own headers, which each worker checks for its ranks."""
     loc = Location(weights)
     text = loc.read_text(SHARDS_META_NAME)
     if text is None:
         raise ShardError(
             f"{weights} has no {SHARDS_META_NAME}, so it is not a shard set made by "
             "`ministream shard` (or its upload did not finish) and its tensor-parallel size "
-            f"cannot be checked. Make one: `{reshard_command('MODEL', tp, weights)}`"
+            f"cannot be checked. Make one: `{reshard_command('MODEL', layout, weights)}`"
         )
     info = ShardSetInfo.parse(text, f"{weights}/{SHARDS_META_NAME}")
-    if info.tensor_parallel_size != tp:
+    made = info.layout
+    if made != layout:
+        # A set without pipeline stages, served with them: say to drop the flag too.
+        serve = made.flags + (" --pipeline-parallel-size 1" if layout.pp > made.pp == 1 else "")
         raise ShardError(
-            f"shard set {weights} was made for tensor-parallel size "
-            f"{info.tensor_parallel_size}, but vLLM is starting with tensor-parallel size "
-            f"{tp}. Serve it with --tensor-parallel-size {info.tensor_parallel_size}, or "
-            f"re-shard for {tp}: `{reshard_command(info.source, tp)}`"
-        )
-    if pp != info.pipeline_parallel_size:
-        raise ShardError(
-            f"shard set {weights} was made for pipeline-parallel size "
-            f"{info.pipeline_parallel_size}, but vLLM is starting with {pp}"
+            f"shard set {weights} was made for {made}, but vLLM is starting with {layout}. "
+            f"Serve it with {serve}, or re-shard for {layout}: "
+            f"`{reshard_command(info.source, layout)}`"
         )
     if dtype is not None and dtype != info.dtype:
         # ShardedStateLoader would cast with a warning: numerics nobody tested.
         raise ShardError(
             f"shard set {weights} holds {info.dtype} tensors, but vLLM is starting with "
             f"--dtype {dtype}. Serve it with --dtype {info.dtype}, or re-shard: "
-            f"`{reshard_command(info.source, tp)} --dtype {dtype}`"
+            f"`{reshard_command(info.source, layout)} --dtype {dtype}`"
         )
     sizes = loc.sizes()
     missing = sorted(set(info.files) - set(sizes))
@@ -192,25 +195,42 @@ def check_shard_set(
                 + [f"not part of it: {', '.join(stray)}"] * bool(stray)
                 + [f"wrong size: {', '.join(wrong)}"] * bool(wrong)
             )
-            + f". Re-create it: `{reshard_command(info.source, tp, weights)}`"
+            + f". Re-create it: `{reshard_command(info.source, layout, weights)}`"
         )
     _check_same_model(info, weights, config_dir)
     _check_pin(info.source_model_hash, f"shard set {weights}")
-    if rank is None:
+    if ranks is None:
         return  # the shard files' headers are each rank's to read, in its worker
     # Own files only: a process never opens a rank's shard but that rank's worker (the tests
     # watch for it).
-    for name in info.files_for_rank(rank):
+    pp_rank, rank = ranks
+    expected = _made_for(info.source_model_hash, layout, pp_rank, rank)
+    for name in info.files_for_rank(rank, pp_rank):
         meta = loc.header(name, sizes.get(name)).get("__metadata__") or {}
-        made_for = (meta.get(HEADER_MODEL_HASH), meta.get(HEADER_TP_SIZE), meta.get(HEADER_RANK))
-        if made_for != (info.source_model_hash, str(tp), str(rank)):
+        made_for = (
+            meta.get(HEADER_MODEL_HASH),
+            meta.get(HEADER_TP_SIZE),
+            meta.get(HEADER_RANK),
+            meta.get(HEADER_PP_SIZE, "1"),
+            meta.get(HEADER_PP_RANK, "0"),
+        )
+        if made_for != expected:
             raise ShardError(
-                f"{weights}/{name} was made from another model or shard set (model "
-                f"{str(made_for[0])[:16]}, tensor-parallel size {made_for[1]}, rank "
-                f"{made_for[2]}) than this shard set (model {info.source_model_hash[:16]}, "
-                f"tensor-parallel size {tp}, rank {rank}). Re-create it: "
-                f"`{reshard_command(info.source, tp, weights)}`"
+                f"{weights}/{name} was made from another model or shard set "
+                f"({_describe(made_for)}) than this shard set ({_describe(expected)}). "
+                f"Re-create it: `{reshard_command(info.source, layout, weights)}`"
             )
+
+
+def _made_for(model_hash: str, layout: Layout, pp_rank: int, rank: int) -> tuple[str, ...]:
+    return (model_hash, str(layout.tp), str(rank), str(layout.pp), str(pp_rank))
+
+
+def _describe(made_for: tuple[Any, ...]) -> str:
+    model_hash, tp, rank, pp, pp_rank = made_for
+    staged = (pp, pp_rank) != ("1", "0")
+    stages = f", pipeline-parallel size {pp}, stage {pp_rank}" if staged else ""
+    return f"model {str(model_hash)[:16]}, tensor-parallel size {tp}, rank {rank}{stages}"
 
 
 def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> None:
@@ -224,7 +244,7 @@ def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> Non
                 f"shard set {weights} was made from model {info.source_model_hash[:16]}, "
                 f"but vLLM is serving the config of model {served[:16]} ({config_dir}). "
                 "Re-shard that model: "
-                f"`{reshard_command(str(config_dir), info.tensor_parallel_size)}`"
+                f"`{reshard_command(str(config_dir), info.layout)}`"
             )
     config = config_dir / "config.json"
     if config.is_file():
@@ -233,7 +253,7 @@ def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> Non
             raise ShardError(
                 f"{config} is not the config.json shard set {weights} was made from "
                 f"(model {info.source_model_hash[:16]}): the shards belong to another model. "
-                f"Re-shard: `{reshard_command(info.source, info.tensor_parallel_size)}`"
+                f"Re-shard: `{reshard_command(info.source, info.layout)}`"
             )
 
 
@@ -258,9 +278,8 @@ def check_model_files(weights: str, load_format: str) -> None:
         info = ShardSetInfo.parse(loc.read_text(SHARDS_META_NAME) or "", weights)
         sharded = "runai_streamer_sharded" if load_format == "runai_streamer" else "sharded_state"
         raise ShardError(
-            f"{weights} is a shard set (tensor-parallel size {info.tensor_parallel_size}); "
-            f"serve it with --load-format {sharded} --tensor-parallel-size "
-            f"{info.tensor_parallel_size}"
+            f"{weights} is a shard set ({info.layout}); "
+            f"serve it with --load-format {sharded} {info.layout.flags}"
         )
     manifest = Manifest.parse(text, f"{weights}/{MANIFEST_NAME}")
     _check_pin(manifest.model_hash, f"model {weights}")

@@ -255,7 +255,9 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         super().__init__()
         # Shard set vs TP size/model, incomplete uploads, stray weights: fail before any
         # weight is read (vLLM 0.32 checks none of these; see load_guard).
-        check_before_load(vllm_config, get_tensor_model_parallel_rank())
+        check_before_load(
+            vllm_config, get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+        )
         config = vllm_config.model_config.hf_config
         self.config = config
         self.quant_config = vllm_config.quant_config

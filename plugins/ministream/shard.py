@@ -1,13 +1,15 @@
-"""`ministream shard --model DIR|s3://… --tensor-parallel-size N --output DIR|s3://…`.
+"""`ministream shard --model DIR|s3://… --tensor-parallel-size N [--pipeline-parallel-size M]
+--output DIR|s3://…`.
 
-Produces a shard set (format: `ministream.shardset`) for one fixed TP size:
+Produces a shard set (format: `ministream.shardset`) for one fixed TP x PP layout:
 1. check the source against its manifest (local: every sha256; S3: the manifest exists,
    every listed object is there at its size) and take its `model_hash`;
-2. if the output already holds a valid shard set of this model for this TP size, stop
+2. if the output already holds a valid shard set of this model for this layout, stop
    (idempotent: exit 0 in seconds);
-3. run N rank processes (`ministream.shard_worker`), one gloo process group, each building
-   the model through vLLM with the plugin and saving its own state dict, then reading it back
-   through vLLM's `ShardedStateLoader` and comparing every tensor;
+3. run N x M rank processes (`ministream.shard_worker`), one gloo process group, each
+   building its part of the model (its pipeline stage's layers, its tensor-parallel slice)
+   through vLLM with the plugin and saving its own state dict, then reading it back through
+   vLLM's `ShardedStateLoader` and comparing every tensor;
 4. copy config, tokenizer and generation config beside the shards, write
    `ministream_shards.json` and the manifest, and publish: a local output is renamed into
    place in one step; an S3 output is uploaded with `ministream upload` (manifest last).
@@ -29,7 +31,7 @@ from typing import Any
 from ministream.errors import CheckpointError, ShardError, StorageError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest, converter_version, sha256_file, verify_dir
 from ministream.s3 import is_s3
-from ministream.shardset import SHARDS_META_NAME, ShardSetInfo
+from ministream.shardset import SHARDS_META_NAME, Layout, ShardSetInfo
 from ministream.versions import vllm_version
 
 DEFAULT_MAX_PART_BYTES = 5 * 1024**3  # vLLM's save_sharded_state example default
@@ -165,14 +167,16 @@ def _last_error(log: Path) -> str:
 def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    tp = spec["tensor_parallel_size"]
+    layout = Layout(spec["tensor_parallel_size"], spec["pipeline_parallel_size"])
+    world = layout.world
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-    bar = tqdm(total=tp, desc=f"shard ranks (tp={tp})", unit="rank", disable=not progress)
+    desc = f"shard ranks (tp={layout.tp}" + (f", pp={layout.pp})" if layout.pp > 1 else ")")
+    bar = tqdm(total=world, desc=desc, unit="rank", disable=not progress)
     try:
-        for rank in range(tp):
+        for rank in range(world):
             log = work / f"rank-{rank}.log"
             with open(log, "wb") as fh:
                 procs.append(
@@ -192,7 +196,7 @@ def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[st
                         log,
                     )
                 )
-        pending = set(range(tp))
+        pending = set(range(world))
         while pending:
             for rank in sorted(pending):
                 proc, log = procs[rank]
@@ -214,7 +218,7 @@ def _run_ranks(spec: dict[str, Any], work: Path, progress: bool) -> list[dict[st
                 proc.wait()
     out = Path(spec["output"])
     results = []
-    for rank in range(tp):
+    for rank in range(world):
         done = out / f".rank-{rank}.done.json"
         results.append(json.loads(done.read_text()))
         done.unlink()
@@ -229,6 +233,7 @@ def shard(
     tensor_parallel_size: int,
     output: str,
     *,
+    pipeline_parallel_size: int = 1,
     dtype: str | None = None,
     max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
     force: bool = False,
@@ -236,20 +241,21 @@ def shard(
 ) -> ShardResult:
     started = time.monotonic()
     model, output = str(model).rstrip("/"), str(output).rstrip("/")
-    if tensor_parallel_size < 1:
-        raise ShardError("--tensor-parallel-size must be at least 1")
+    if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
+        raise ShardError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
+    layout = Layout(tensor_parallel_size, pipeline_parallel_size)
     manifest = _source_manifest(model)
     # The model's own dtype by default: vLLM's "auto" would turn float32 into bfloat16.
     dtype = dtype or manifest.dtype
     existing = None if force else _existing(output)
     if existing is not None:
-        wanted = (tensor_parallel_size, manifest.model_hash, dtype)
-        have = (existing.tensor_parallel_size, existing.source_model_hash, existing.dtype)
+        wanted = (layout, manifest.model_hash, dtype)
+        have = (existing.layout, existing.source_model_hash, existing.dtype)
         if have == wanted:
             return ShardResult(output, existing, True, time.monotonic() - started)
         raise ShardError(
-            f"{output} already holds a shard set for tensor-parallel size {have[0]} of model "
-            f"{have[1][:16]} in {have[2]}; this run is for size {wanted[0]} of model "
+            f"{output} already holds a shard set for {have[0]} of model "
+            f"{have[1][:16]} in {have[2]}; this run is for {wanted[0]} of model "
             f"{wanted[1][:16]} in {wanted[2]}. Pass --force to replace it, or choose another "
             "--output."
         )
@@ -268,6 +274,7 @@ def shard(
         spec = {
             "model": model,
             "tensor_parallel_size": tensor_parallel_size,
+            "pipeline_parallel_size": pipeline_parallel_size,
             "dtype": dtype,
             "load_format": "runai_streamer" if is_s3(model) else "safetensors",
             "port": _free_port(),
@@ -283,13 +290,14 @@ def shard(
                 path = staging / name
                 files[name] = {
                     "rank": result["rank"],
+                    "pp_rank": result["pp_rank"],
                     "size": path.stat().st_size,
                     "sha256": sha256_file(path),
                 }
         _copy_side_files(model, manifest, staging)
         info = ShardSetInfo(
             tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=1,
+            pipeline_parallel_size=pipeline_parallel_size,
             source_model_hash=manifest.model_hash,
             source=model,
             config_sha256=sha256_file(staging / "config.json"),
@@ -304,6 +312,7 @@ def shard(
             source={
                 "shard_set_of": manifest.model_hash,
                 "tensor_parallel_size": tensor_parallel_size,
+                "pipeline_parallel_size": pipeline_parallel_size,
                 "source": model,
             },
             dtype=info.dtype,

@@ -1,8 +1,9 @@
-"""One tensor-parallel rank of `ministream shard`: build the model in vLLM, load, capture, save.
+"""One rank of `ministream shard`: build the model in vLLM, load, capture, save.
 
 `python -m ministream.shard_worker SPEC.json RANK` joins a gloo process group of
-`tensor_parallel_size` ranks exactly like a vLLM CPU worker (`init_worker_distributed_
-environment`), builds `MiniStreamForCausalLM` from vLLM's parallel layers through vLLM's
+`tensor_parallel_size x pipeline_parallel_size` ranks exactly like a vLLM CPU worker
+(`init_worker_distributed_environment`: RANK is the global rank, pipeline-major), builds its
+part of `MiniStreamForCausalLM` (its stage's layers) from vLLM's parallel layers through vLLM's
 own loader (`initialize_model` + `get_model_loader(...).load_weights`: the plugin's
 `load_weights`, the layers' `weight_loader`s, the coverage check), and saves the rank's
 state dict as vLLM's `ShardedStateLoader` will read it back: after `load_weights`, *before*
@@ -32,9 +33,11 @@ import torch
 from ministream.compat import build_model
 from ministream.shardset import (
     HEADER_MODEL_HASH,
+    HEADER_PP_RANK,
+    HEADER_PP_SIZE,
     HEADER_RANK,
     HEADER_TP_SIZE,
-    shard_file_name,
+    Layout,
 )
 
 
@@ -44,6 +47,7 @@ def _engine_config(spec: dict[str, Any], load_format: str) -> Any:
     args = EngineArgs(
         model=spec["model"],
         tensor_parallel_size=spec["tensor_parallel_size"],
+        pipeline_parallel_size=spec.get("pipeline_parallel_size", 1),
         dtype=spec["dtype"],
         load_format=load_format,
         enforce_eager=True,
@@ -69,14 +73,15 @@ def _split_parts(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[st
 def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     from safetensors.torch import save_file
     from vllm.config import set_current_vllm_config
+    from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
     from vllm.plugins import load_general_plugins
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
     load_general_plugins()
-    tp = spec["tensor_parallel_size"]
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+    layout = Layout(spec["tensor_parallel_size"], spec.get("pipeline_parallel_size", 1))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world))
     out = Path(spec["output"])
     started = time.monotonic()
     vllm_config = _engine_config(spec, spec["load_format"])
@@ -84,6 +89,8 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     os.environ["VLLM_DIST_IDENT"] = str(spec["port"])  # as the CPU worker sets it
     with set_current_vllm_config(vllm_config):
         init_worker_distributed_environment(vllm_config, rank, init_method, rank, "gloo")
+        pp_rank, tp_rank = get_pp_group().rank_in_group, get_tensor_model_parallel_rank()
+        assert (pp_rank, tp_rank) == layout.ranks(rank), (rank, pp_rank, tp_rank)
         loader = get_model_loader(vllm_config.load_config)
         model = build_model(vllm_config)
         loader.load_weights(model, vllm_config.model_config)
@@ -94,20 +101,26 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         _check_every_parameter_saved(model, state)
         header = {
             HEADER_MODEL_HASH: spec["model_hash"],
-            HEADER_TP_SIZE: str(tp),
-            HEADER_RANK: str(rank),
+            HEADER_TP_SIZE: str(layout.tp),
+            HEADER_RANK: str(tp_rank),
+            HEADER_PP_SIZE: str(layout.pp),
+            HEADER_PP_RANK: str(pp_rank),
             "format": "pt",
         }
         files = []
         for part, tensors in enumerate(_split_parts(state, spec["max_part_bytes"])):
-            name = shard_file_name(rank, part)
+            name = layout.file_name(tp_rank, part, pp_rank)
+            # The name vLLM's loader will look for, from its own rule (a renamed pattern in a
+            # later vLLM fails here, not at serving time).
+            assert name == ShardedStateLoader._render_default_pattern(part=part), name
             save_file(tensors, str(out / name), metadata=header)
             files.append(name)
         if spec.get("verify", True):
             _verify_reload(vllm_config, state, out, rank)
     dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
     return {
-        "rank": rank,
+        "rank": tp_rank,
+        "pp_rank": pp_rank,
         "files": files,
         "tensors": len(state),
         "dtype": dtype,

@@ -1,15 +1,18 @@
 """The shard-set format: vLLM's `sharded_state` files plus `ministream_shards.json`.
 
-A shard set is a directory (or S3 prefix) holding, for tensor-parallel size N,
-`model-rank-{r}-part-{p}.safetensors` for r in 0..N-1 (vLLM 0.32
-`ShardedStateLoader.TP_ONLY_PATTERN`: each rank's state dict as it is right after
-`load_weights`, before `process_weights_after_loading`), the source model's config and
+A shard set is a directory (or S3 prefix) holding, for tensor-parallel size N and
+pipeline-parallel size M, each rank's state dict as it is right after `load_weights`, before
+`process_weights_after_loading`, under vLLM 0.32's `ShardedStateLoader` default names:
+`model-rank-{r}-part-{p}.safetensors` for r in 0..N-1 when M is 1 (`TP_ONLY_PATTERN`),
+`model-pp-{s}-tp-{r}-part-{p}.safetensors` for s in 0..M-1 otherwise (`PP_AND_TP_PATTERN`);
+then the source model's config and
 tokenizer files, `ministream_shards.json` (what it was made for, below) and a
 `ministream_manifest.json` over all of it (so `ministream verify` and `ministream upload`
 work on shard sets like on converted models).
 
 Every shard file's safetensors header also carries `ministream_model_hash`,
-`ministream_tp_size` and `ministream_rank`, so a file copied in from another shard set is
+`ministream_tp_size`, `ministream_rank` and (sets made since pipeline parallelism)
+`ministream_pp_size`, `ministream_pp_rank`, so a file copied in from another shard set is
 caught from its header alone, before any tensor is read.
 
 This module imports nothing heavy: the load guard reads it in every vLLM worker.
@@ -20,7 +23,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,23 +32,58 @@ from ministream.member_names import outside_names
 
 SHARDS_META_NAME = "ministream_shards.json"
 FORMAT_VERSION = 1
-# vLLM 0.32 ShardedStateLoader.TP_ONLY_PATTERN (pipeline parallel size 1).
+# vLLM 0.32 ShardedStateLoader's default names: TP_ONLY_PATTERN when the pipeline-parallel
+# size is 1, PP_AND_TP_PATTERN otherwise (`_get_default_pattern`).
 SHARD_PATTERN = "model-rank-{rank}-part-{part}.safetensors"
-SHARD_FILE_RE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
+PP_SHARD_PATTERN = "model-pp-{pp_rank}-tp-{rank}-part-{part}.safetensors"
 # Keys in each shard file's safetensors header metadata.
 HEADER_MODEL_HASH = "ministream_model_hash"
 HEADER_TP_SIZE = "ministream_tp_size"
 HEADER_RANK = "ministream_rank"
+HEADER_PP_SIZE = "ministream_pp_size"  # absent in sets made before pipeline parallelism: 1
+HEADER_PP_RANK = "ministream_pp_rank"  # likewise: 0
 # Load formats that read a shard set (vLLM picks ShardedStateLoader for both).
 SHARDED_FORMATS = ("sharded_state", "runai_streamer_sharded")
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout a shard set is made for: one file set per (pp_rank, tp_rank)."""
+
+    tp: int
+    pp: int = 1
+
+    def __str__(self) -> str:
+        if self.pp == 1:
+            return f"tensor-parallel size {self.tp}"
+        return f"tensor-parallel size {self.tp} x pipeline-parallel size {self.pp}"
+
+    @property
+    def flags(self) -> str:
+        """vLLM's (and `ministream shard`'s) flags for this layout."""
+        pp = f" --pipeline-parallel-size {self.pp}" if self.pp > 1 else ""
+        return f"--tensor-parallel-size {self.tp}{pp}"
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    def ranks(self, world_rank: int) -> tuple[int, int]:
+        """(pp_rank, tp_rank) of a global rank: vLLM orders ranks pipeline-major."""
+        return divmod(world_rank, self.tp)
+
+    def file_name(self, rank: int, part: int, pp_rank: int = 0) -> str:
+        pattern = SHARD_PATTERN if self.pp == 1 else PP_SHARD_PATTERN
+        return pattern.format(rank=rank, pp_rank=pp_rank, part=part)
+
+
 def shard_file_name(rank: int, part: int) -> str:
-    return SHARD_PATTERN.format(rank=rank, part=part)
+    """A tensor-parallel-only set's file name (pipeline-parallel size 1)."""
+    return Layout(rank + 1).file_name(rank, part)
 
 
-def reshard_command(source: str, tp: int, output: str = "NEW_SHARDS") -> str:
-    return f"ministream shard --model {source} --tensor-parallel-size {tp} --output {output}"
+def reshard_command(source: str, layout: Layout, output: str = "NEW_SHARDS") -> str:
+    return f"ministream shard --model {source} {layout.flags} --output {output}"
 
 
 @dataclass(frozen=True)
@@ -61,11 +98,17 @@ class ShardSetInfo:
     dtype: str
     vllm_version: str
     ministream_version: str
-    files: dict[str, dict[str, Any]]  # shard file -> {"rank", "size", "sha256"}
+    # shard file -> {"rank" (the TP rank), "pp_rank" (absent before pipeline parallelism:
+    # 0), "size", "sha256"}
+    files: dict[str, dict[str, Any]]
     format_version: int = FORMAT_VERSION
 
-    def files_for_rank(self, rank: int) -> list[str]:
-        return sorted(name for name, meta in self.files.items() if meta["rank"] == rank)
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tensor_parallel_size, self.pipeline_parallel_size)
+
+    def files_for_rank(self, rank: int, pp_rank: int = 0) -> list[str]:
+        return sorted(name for name, meta in self.files.items() if _ranks(meta) == (pp_rank, rank))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -88,11 +131,25 @@ class ShardSetInfo:
                 f"{origin}: shard-set format {info.format_version} is not "
                 f"supported (this plugin reads format {FORMAT_VERSION})"
             )
-        ranks = {meta["rank"] for meta in info.files.values()}
-        if ranks != set(range(info.tensor_parallel_size)):
+        layout = info.layout
+        try:
+            ranks = {_ranks(meta) for meta in info.files.values()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ShardError(
-                f"{origin}: files cover ranks {sorted(ranks)}, expected "
-                f"0..{info.tensor_parallel_size - 1}"
+                f"{origin}: a file's rank is missing or not a number ({exc!r})"
+            ) from None
+        expected = {layout.ranks(r) for r in range(layout.world)}
+        if ranks != expected:
+            cover = sorted(ranks) if layout.pp > 1 else sorted(r for _, r in ranks)
+            raise ShardError(
+                f"{origin}: files cover ranks {cover}, expected "
+                + (f"0..{layout.tp - 1}" if layout.pp == 1 else f"every (pp, tp) in {layout}")
+            )
+        named = {n for n, meta in info.files.items() if _is_named_for(layout, n, meta)}
+        if named != set(info.files):
+            raise ShardError(
+                f"{origin}: {', '.join(sorted(set(info.files) - named))} not named as vLLM's "
+                f"sharded_state loader looks for a {layout} rank's files"
             )
         return info
 
@@ -100,6 +157,17 @@ class ShardSetInfo:
     def load(cls, shard_dir: str | Path) -> ShardSetInfo | None:
         path = Path(shard_dir) / SHARDS_META_NAME
         return cls.parse(path.read_text(), str(path)) if path.is_file() else None
+
+
+def _ranks(meta: dict[str, Any]) -> tuple[int, int]:
+    return int(meta.get("pp_rank", 0)), int(meta["rank"])
+
+
+def _is_named_for(layout: Layout, name: str, meta: dict[str, Any]) -> bool:
+    pp_rank, rank = _ranks(meta)
+    head = layout.file_name(rank, 0, pp_rank).removesuffix("0.safetensors")
+    part = name.removeprefix(head).removesuffix(".safetensors")
+    return name.startswith(head) and part.isdigit()
 
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header

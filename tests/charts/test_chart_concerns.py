@@ -244,7 +244,7 @@ def startup_budget(values: dict) -> int:
     s, mode = values["probes"]["startup"], values["loading"]["mode"]
     load = values["model"]["sizeGiB"] * s["secondsPerGiB"][mode]
     if mode in SHARDED:
-        load /= tp_of(values)
+        load /= tp_of(values) * values["parallelism"]["pipeline"]
     return s["baseSeconds"] + math.ceil(load)
 
 

@@ -219,9 +219,8 @@ def test_workers_share_the_engines_environment_and_volumes(multi: Rendered) -> N
     ids=["runai-streamer", "sharded-init", "sharded-job"],
 )
 def test_every_loading_mode_reaches_every_rank(tmp_path: Path, loading: dict[str, Any]) -> None:
-    """Sharded modes need pipeline 1 (no PP shard sets yet): tensor 16 over two nodes."""
-    over = {"parallelism": {"tensor": 16, "pipeline": 1}, "loading": loading}
-    out = render(MULTI, write(tmp_path, over))
+    """tensor 8 x pipeline 2 over two nodes; the sharded modes make a set for that layout."""
+    out = render(MULTI, write(tmp_path, {"loading": loading}))
     assert out.one("LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert crdkit.validate(out.one("LeaderWorkerSet")) == []
     vllm = containers(out.pod_template("leader"))
@@ -236,8 +235,11 @@ def test_every_loading_mode_reaches_every_rank(tmp_path: Path, loading: dict[str
         assert ("shard" in vllm) == (prepare == "initContainer")
         assert bool(out.of_kind("Job")) == (prepare == "job")
         shard = vllm.get("shard") or out.one("Job")["spec"]["template"]["spec"]["containers"][0]
-        tp = shard["command"][shard["command"].index("--tensor-parallel-size") + 1]
-        assert tp == "16" and "--pipeline-parallel-size" not in shard["command"]
+        made = shlex.join(shard["command"])
+        assert "--tensor-parallel-size 8 --pipeline-parallel-size 2 --output /models/" in made
+        # The set has a path of its own per layout, and vLLM serves that path.
+        shards = shard["command"][shard["command"].index("--output") + 1]
+        assert shards.endswith("-tp8-pp2") and shards in vllm["vllm"]["args"]
 
 
 # ---------------------------------------------------------------- selection and policy
@@ -324,10 +326,6 @@ BAD_LAYOUTS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "multi-node-on-cpu": (
         {"accelerator": {"type": "cpu"}},
         ["needs 2 nodes", "accelerator.type=gpu"],
-    ),
-    "sharded-with-pipeline": (
-        {"loading": {"mode": "shardedState"}},
-        ["parallelism.pipeline=2", "issue 16", "--pipeline-parallel-size"],
     ),
     "alias-disagrees": (
         {"tensorParallelSize": 4},

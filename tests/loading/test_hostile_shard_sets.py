@@ -10,7 +10,7 @@ import pytest
 
 from ministream.errors import ShardError
 from ministream.load_guard import check_shard_set
-from ministream.shardset import SHARDS_META_NAME, shard_file_name
+from ministream.shardset import SHARDS_META_NAME, Layout, shard_file_name
 from ministream_testkit.s3_server import S3Server
 from tests.loading.conftest import BUCKET
 from tests.loading.test_load_guard import make_shard_set
@@ -32,7 +32,7 @@ def test_rank_file_cut_short_on_s3(s3: S3Server, aws: dict[str, str], tmp_path: 
     full = (shards / name).read_bytes()
     url = _upload(s3, shards, "hostile/cut", {name: full[: len(full) // 2]})
     with pytest.raises(ShardError, match=rf"wrong size: {name}.*Re-create it"):
-        check_shard_set(url, shards, 2, 1, 1, "float32")
+        check_shard_set(url, shards, Layout(2), (0, 1), "float32")
 
 
 def test_rank_file_missing_on_s3(s3: S3Server, aws: dict[str, str], tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_rank_file_missing_on_s3(s3: S3Server, aws: dict[str, str], tmp_path: Pa
     url = _upload(s3, shards, "hostile/missing")
     (shards / name).write_bytes(b"")  # (local copy irrelevant: S3 is what is checked)
     with pytest.raises(ShardError, match=rf"missing {name}"):
-        check_shard_set(url, shards, 2, 1, 0, "float32")
+        check_shard_set(url, shards, Layout(2), (0, 0), "float32")
 
 
 def test_truncated_object_whose_listing_agrees_is_caught_by_its_offsets(
@@ -58,7 +58,7 @@ def test_truncated_object_whose_listing_agrees_is_caught_by_its_offsets(
     (shards / SHARDS_META_NAME).write_text(json.dumps(meta))
     url = _upload(s3, shards, "hostile/agreeing", {name: cut})
     with pytest.raises(ShardError, match="truncated or corrupt"):
-        check_shard_set(url, shards, 2, 1, 0, "float32")
+        check_shard_set(url, shards, Layout(2), (0, 0), "float32")
 
 
 def test_header_claiming_a_huge_length_on_s3(
@@ -71,4 +71,4 @@ def test_header_claiming_a_huge_length_on_s3(
     data[:8] = (2**62).to_bytes(8, "little")
     url = _upload(s3, shards, "hostile/huge", {name: bytes(data)})
     with pytest.raises(ShardError, match="header claims"):
-        check_shard_set(url, shards, 2, 1, 0, "float32")
+        check_shard_set(url, shards, Layout(2), (0, 0), "float32")

@@ -20,40 +20,56 @@ from ministream.load_guard import PIN_ENV, check_model_files, check_shard_set
 from ministream.manifest import Manifest, sha256_file
 from ministream.shardset import (
     HEADER_MODEL_HASH,
+    HEADER_PP_RANK,
+    HEADER_PP_SIZE,
     HEADER_RANK,
     HEADER_TP_SIZE,
     SHARDS_META_NAME,
+    Layout,
     ShardSetInfo,
-    shard_file_name,
 )
 
 HASH_A, HASH_B = "a" * 64, "b" * 64
 CONFIG = b'{"architectures": ["MiniStreamForCausalLM"]}'
 
 
-def _write_rank(path: Path, model_hash: str, tp: int, rank: int) -> None:
+def _write_rank(
+    path: Path, model_hash: str, tp: int, rank: int, pp: int | None = None, pp_rank: int = 0
+) -> None:
+    """`pp=None`: a file from before pipeline parallelism, without the pipeline keys."""
+    stages = {} if pp is None else {HEADER_PP_SIZE: str(pp), HEADER_PP_RANK: str(pp_rank)}
     save_file(
         {"w": torch.zeros(4)},
         str(path),
-        metadata={HEADER_MODEL_HASH: model_hash, HEADER_TP_SIZE: str(tp), HEADER_RANK: str(rank)},
+        metadata={
+            HEADER_MODEL_HASH: model_hash,
+            HEADER_TP_SIZE: str(tp),
+            HEADER_RANK: str(rank),
+            **stages,
+        },
     )
 
 
-def make_shard_set(root: Path, *, tp: int = 2, model_hash: str = HASH_A) -> Path:
+def make_shard_set(root: Path, *, tp: int = 2, pp: int = 1, model_hash: str = HASH_A) -> Path:
+    """Files as `ministream shard` writes them for TP x PP; at PP=1, as sets made before
+    pipeline parallelism were (no pipeline keys), which must keep passing."""
     root.mkdir(parents=True)
     (root / "config.json").write_bytes(CONFIG)
+    layout = Layout(tp, pp)
     files = {}
-    for rank in range(tp):
-        name = shard_file_name(rank, 0)
-        _write_rank(root / name, model_hash, tp, rank)
+    for world_rank in range(layout.world):
+        pp_rank, rank = layout.ranks(world_rank)
+        name = layout.file_name(rank, 0, pp_rank)
+        _write_rank(root / name, model_hash, tp, rank, *((pp, pp_rank) if pp > 1 else ()))
         files[name] = {
             "rank": rank,
+            **({"pp_rank": pp_rank} if pp > 1 else {}),
             "size": (root / name).stat().st_size,
             "sha256": sha256_file(root / name),
         }
     info = ShardSetInfo(
         tensor_parallel_size=tp,
-        pipeline_parallel_size=1,
+        pipeline_parallel_size=pp,
         source_model_hash=model_hash,
         source="/models/m",
         config_sha256=hashlib.sha256(CONFIG).hexdigest(),
@@ -71,8 +87,10 @@ def shards(tmp_path: Path) -> Path:
     return make_shard_set(tmp_path / "m-tp2")
 
 
-def check(shards: Path, tp: int = 2, rank: int = 0, dtype: str = "float32") -> None:
-    check_shard_set(str(shards), shards, tp, 1, rank, dtype)
+def check(
+    shards: Path, tp: int = 2, rank: int = 0, dtype: str = "float32", pp: int = 1, pp_rank: int = 0
+) -> None:
+    check_shard_set(str(shards), shards, Layout(tp, pp), (pp_rank, rank), dtype)
 
 
 def test_a_matching_shard_set_passes(shards: Path) -> None:
@@ -85,9 +103,63 @@ def test_tp_mismatch_names_both_sizes_and_the_reshard_command(shards: Path) -> N
         check(shards, tp=1)
     assert str(err.value) == (
         f"shard set {shards} was made for tensor-parallel size 2, but vLLM is starting with "
-        "tensor-parallel size 1. Serve it with --tensor-parallel-size 2, or re-shard for 1: "
+        "tensor-parallel size 1. Serve it with --tensor-parallel-size 2, or re-shard for "
+        "tensor-parallel size 1: "
         "`ministream shard --model /models/m --tensor-parallel-size 1 --output NEW_SHARDS`"
     )
+
+
+def test_a_tp_set_served_with_pipeline_stages_names_both_layouts(shards: Path) -> None:
+    with pytest.raises(ShardError) as err:
+        check(shards, tp=1, pp=2)
+    assert str(err.value) == (
+        f"shard set {shards} was made for tensor-parallel size 2, but vLLM is starting with "
+        "tensor-parallel size 1 x pipeline-parallel size 2. Serve it with "
+        "--tensor-parallel-size 2 --pipeline-parallel-size 1, or re-shard for tensor-parallel "
+        "size 1 x pipeline-parallel size 2: `ministream shard --model /models/m "
+        "--tensor-parallel-size 1 --pipeline-parallel-size 2 --output NEW_SHARDS`"
+    )
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(1, 2), (2, 2)])
+def test_a_pipeline_set_passes_for_its_own_layout_only(tmp_path: Path, tp: int, pp: int) -> None:
+    shards = make_shard_set(tmp_path / "pp", tp=tp, pp=pp)
+    names = sorted(p.name for p in shards.glob("*.safetensors"))
+    assert names == sorted(
+        f"model-pp-{s}-tp-{r}-part-0.safetensors" for s in range(pp) for r in range(tp)
+    )
+    for stage in range(pp):
+        for rank in range(tp):
+            check(shards, tp=tp, pp=pp, rank=rank, pp_rank=stage)
+    for other in (Layout(tp), Layout(tp * pp), Layout(tp, pp * 2)):
+        with pytest.raises(ShardError, match=f"was made for {Layout(tp, pp)}, but vLLM is "):
+            check(shards, tp=other.tp, pp=other.pp)
+
+
+def test_a_stage_file_from_another_stage(tmp_path: Path) -> None:
+    shards = make_shard_set(tmp_path / "pp", tp=1, pp=2)
+    _write_rank(shards / "model-pp-1-tp-0-part-0.safetensors", HASH_A, 1, 0, 2, 0)
+    check(shards, tp=1, pp=2, pp_rank=0)  # stage 0 never opens stage 1's file
+    with pytest.raises(
+        ShardError,
+        match=r"\(model a{16}, tensor-parallel size 1, rank 0, pipeline-parallel size 2, stage 0\) "
+        r"than this shard set \(model a{16}, tensor-parallel size 1, rank 0, pipeline-parallel "
+        r"size 2, stage 1\)",
+    ):
+        check(shards, tp=1, pp=2, pp_rank=1)
+
+
+def test_a_listing_that_misses_a_stage_or_misnames_a_file(tmp_path: Path) -> None:
+    shards = make_shard_set(tmp_path / "pp", tp=1, pp=2)
+    meta = json.loads((shards / SHARDS_META_NAME).read_text())
+    stage1 = meta["files"].pop("model-pp-1-tp-0-part-0.safetensors")
+    (shards / SHARDS_META_NAME).write_text(json.dumps(meta))
+    with pytest.raises(ShardError, match=r"files cover ranks \[\(0, 0\)\], expected every"):
+        check(shards, tp=1, pp=2)
+    meta["files"]["model-rank-0-part-0.safetensors"] = stage1
+    (shards / SHARDS_META_NAME).write_text(json.dumps(meta))
+    with pytest.raises(ShardError, match=r"model-rank-0-part-0\.safetensors not named as vLLM"):
+        check(shards, tp=1, pp=2)
 
 
 def test_dtype_mismatch(shards: Path) -> None:
@@ -147,7 +219,7 @@ def test_converted_config_dir_of_another_model(shards: Path, model_dir: Path) ->
         f"the config of model "
         f"{Manifest.load(model_dir).model_hash[:16]}",
     ):
-        check_shard_set(str(shards), model_dir, 2, 1, 0, "float32")
+        check_shard_set(str(shards), model_dir, Layout(2), (0, 0), "float32")
 
 
 def test_no_metadata(shards: Path) -> None:

@@ -83,6 +83,12 @@ def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
     return report
 
 
+# Load before the restart and after the replacement is in service: 20 requests each at RATE,
+# enough for the report's before/after windows (the defaults, 10 and 15 s, are for readable
+# benchmark plots).
+LOAD_AROUND = ("--lead-in", "5", "--tail", "5")
+
+
 @pytest.fixture(scope="module")
 def with_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_rollout(
@@ -92,6 +98,7 @@ def with_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         "inPlace",
         "--restarts",
         "1",
+        *LOAD_AROUND,
     )
 
 
@@ -107,6 +114,7 @@ def without_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "1",
         "--endpoint-lag",
         CONTROL_ENDPOINT_LAG,
+        *LOAD_AROUND,
     )
 
 

@@ -129,16 +129,17 @@ def prometheus(
         server.stop()
 
 
-def _load(vllm: Any, seconds: float, concurrency: int) -> int:
-    """Completions for `seconds` from `concurrency` threads; a 200-token shared prefix (more
-    than one 128-token CPU KV block) gives the prefix cache something to hit."""
+def _load(vllm: Any, per_thread: int, concurrency: int) -> int:
+    """`per_thread` completions from each of `concurrency` threads; a 200-token shared prefix
+    (more than one 128-token CPU KV block) gives the prefix cache something to hit. A count,
+    not a duration: the panels are read over a 5-minute window, they need requests, not time
+    (a fixed 35 s of load was half of this fixture's minute)."""
     prefix = [(7 * i) % 97 + 1 for i in range(200)]
-    stop = time.monotonic() + seconds
     sent = [0] * concurrency
 
     def worker(n: int) -> None:
         with client(vllm.url) as http:
-            while time.monotonic() < stop:
+            while sent[n] < per_thread:
                 suffix = [(n * 13 + sent[n] * 5 + i) % 97 + 1 for i in range(8)]
                 completion(http, vllm.served_name, prefix + suffix, 16 + 8 * (sent[n] % 3))
                 sent[n] += 1
@@ -187,8 +188,8 @@ def live(
     r = sidecar_process.post("/warmup")
     assert r.status_code == 200, r.text
     prometheus.wait_for("ministream_ready == 1", 30, "readiness scraped")
-    assert _load(vllm_server, 15, 1) > 0
-    assert _load(vllm_server, 20, 4) > 0
+    assert _load(vllm_server, 6, 1) == 6
+    assert _load(vllm_server, 4, 4) == 16
     _wait_idle_and_scraped(vllm_server, prometheus)
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")

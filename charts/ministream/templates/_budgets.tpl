@@ -2,14 +2,14 @@
 
 {{/*
 startupProbe budget in seconds:
-  baseSeconds + ceil(sizeGiB * secondsPerGiB[mode] / d), d = TP for sharded modes (each rank
-  reads only its own shard, in parallel), else 1.
+  baseSeconds + ceil(sizeGiB * secondsPerGiB[mode] / d), d = TP x PP for sharded modes (each
+  rank reads only its own shard, in parallel), else 1.
 */}}
 {{- define "ministream.startupBudgetSeconds" -}}
 {{- $s := .Values.probes.startup -}}
 {{- $load := mulf .Values.model.sizeGiB (index $s.secondsPerGiB .Values.loading.mode) -}}
 {{- if include "ministream.isSharded" . -}}
-{{- $load = divf $load (include "ministream.tensorParallelSize" . | int) -}}
+{{- $load = divf $load (include "ministream.layout" . | fromYaml).world -}}
 {{- end -}}
 {{- add (int $s.baseSeconds) (int (ceil $load)) -}}
 {{- end -}}

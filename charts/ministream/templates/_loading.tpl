@@ -29,15 +29,19 @@
 {{- printf "s3://%s/%s" .Values.loading.s3.bucket (trimAll "/" .Values.loading.s3.prefix) -}}
 {{- end -}}
 
-{{/* Where the shards live: the configured path, or the model's path + "-tp<N>". */}}
+{{/*
+Where the shards live: the configured path, or the model's path + "-tp<N>" ("-tp<N>-pp<M>"
+with pipeline stages), so that a set for each layout has a path of its own.
+*/}}
 {{- define "ministream.shardsUri" -}}
-{{- $tp := include "ministream.tensorParallelSize" . -}}
+{{- $pp := include "ministream.pipelineParallelSize" . | int -}}
+{{- $suffix := printf "-tp%s%s" (include "ministream.tensorParallelSize" .) (ternary (printf "-pp%d" $pp) "" (gt $pp 1)) -}}
 {{- $l := .Values.loading -}}
 {{- if eq $l.mode "shardedState" -}}
-{{- $dir := default (printf "%s-tp%s" (trimAll "/" $l.local.modelDir) $tp) (trimAll "/" $l.sharded.path) -}}
+{{- $dir := default (printf "%s%s" (trimAll "/" $l.local.modelDir) $suffix) (trimAll "/" $l.sharded.path) -}}
 {{- printf "%s/%s" (trimSuffix "/" $l.local.mountPath) $dir -}}
 {{- else -}}
-{{- $key := default (printf "%s-tp%s" (trimAll "/" $l.s3.prefix) $tp) (trimAll "/" $l.sharded.path) -}}
+{{- $key := default (printf "%s%s" (trimAll "/" $l.s3.prefix) $suffix) (trimAll "/" $l.sharded.path) -}}
 {{- printf "s3://%s/%s" $l.s3.bucket $key -}}
 {{- end -}}
 {{- end -}}
@@ -137,7 +141,12 @@
 
 {{/* The shard-preparation command: the same TP as the server, by construction. */}}
 {{- define "ministream.shardCommand" -}}
-{{- $cmd := list "ministream" "shard" "--model" (include "ministream.sourceModelUri" .) "--tensor-parallel-size" (include "ministream.tensorParallelSize" .) "--output" (include "ministream.shardsUri" .) -}}
+{{- $cmd := list "ministream" "shard" "--model" (include "ministream.sourceModelUri" .) "--tensor-parallel-size" (include "ministream.tensorParallelSize" .) -}}
+{{- $pp := include "ministream.pipelineParallelSize" . | int -}}
+{{- if gt $pp 1 -}}
+{{- $cmd = concat $cmd (list "--pipeline-parallel-size" $pp) -}}
+{{- end -}}
+{{- $cmd = concat $cmd (list "--output" (include "ministream.shardsUri" .)) -}}
 {{- toYaml (concat $cmd .Values.loading.sharded.prepare.extraArgs | toStrings) -}}
 {{- end -}}
 

@@ -48,9 +48,6 @@ reads this helper.
 {{- if and (gt $nodes 1) (eq .Values.accelerator.type "cpu") -}}
 {{- fail (printf "parallelism: tensor (%d) x pipeline (%d) needs %d nodes, and multi-node serving (LeaderWorkerSet + Ray) needs accelerator.type=gpu; the CPU build serves on one node" $tp $pp $nodes) -}}
 {{- end -}}
-{{- if and (gt $pp 1) (include "ministream.isSharded" .) -}}
-{{- fail (printf "loading.mode=%s with parallelism.pipeline=%d: `ministream shard` makes shard sets for tensor parallelism only (no --pipeline-parallel-size yet, issue 16). Serve pipeline parallelism with loading.mode local or runaiStreamer." .Values.loading.mode $pp) -}}
-{{- end -}}
 world: {{ $world }}
 nodes: {{ $nodes }}
 ranksPerNode: {{ $ranks }}

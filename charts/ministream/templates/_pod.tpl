@@ -252,7 +252,7 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       startupProbe:
-        # Budget {{ include "ministream.startupBudgetSeconds" . }} s = baseSeconds + ceil(sizeGiB x secondsPerGiB[{{ .Values.loading.mode }}]{{ if include "ministream.isSharded" . }} / TP{{ end }}).
+        # Budget {{ include "ministream.startupBudgetSeconds" . }} s = baseSeconds + ceil(sizeGiB x secondsPerGiB[{{ .Values.loading.mode }}]{{ if include "ministream.isSharded" . }} / (TP x PP){{ end }}).
         httpGet:
           path: /health
           port: http

@@ -1,0 +1,80 @@
+"""Offline vLLM engine runs of `python -m ministream_reference.golden`, one process each.
+
+`vllm.LLM` needs a `__main__` guard and a fresh process per configuration, so every run is a
+subprocess that writes its greedy completions (tokens and top-5 logprobs) to a JSON file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
+
+MAX_TOKENS = 16
+
+
+def rank_binding(world: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for `world` ranks: one core each, round robin over the
+    cores there are (DESIGN §8: TP=2 on two cores; 4 ranks on 2 cores share them)."""
+    cores = os.cpu_count() or 1
+    return "|".join(str(rank % cores) for rank in range(world))
+
+
+def run_golden(
+    model: Path,
+    out: Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: str = "float32",
+    load_format: str = "auto",
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Eager unless `pp > 1`: vLLM 0.32's CPU runner serves pipeline stages only on the
+    compiled path (with enforce_eager its PP worker dies on an assertion, built-in Llama
+    too)."""
+    env = {
+        **os.environ,
+        **IN_PROCESS_ENGINE,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    if tp * pp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_binding(tp * pp)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ministream_reference.golden",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+            "--dtype",
+            dtype,
+            "--load-format",
+            load_format,
+            "--max-tokens",
+            str(MAX_TOKENS),
+            *(["--eager"] if pp == 1 else []),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"vLLM run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc
