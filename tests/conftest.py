@@ -12,6 +12,8 @@ tests need root and are skipped with that reason otherwise (counted in the summa
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,16 @@ from tests.support.models import ModelFactory
 TINY_SERVED_NAME = "ministream-tiny"
 # Fixtures that start a vLLM engine: a test using one must be marked `engine`.
 ENGINE_FIXTURES = {"vllm_server"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """vLLM's caches (model-class info, torch.compile artifacts) go to a temporary directory
+    removed at exit, not the user's ~/.cache/vllm: every engine the suite starts inherits it.
+    A VLLM_CACHE_ROOT set by the caller is kept."""
+    if "VLLM_CACHE_ROOT" not in os.environ:
+        root = tempfile.mkdtemp(prefix="ministream-tests-vllm-cache-")
+        os.environ["VLLM_CACHE_ROOT"] = root
+        config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
