@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Check what an image's install step produced, in the environment of this interpreter.
 
-    check-install.py serving [--engine]   the plugin, its CLI, the S3 streamer and the chart's
+    check-install.py serving [--engine] [--multinode]
+                                          the plugin, its CLI, the S3 streamer and the chart's
                                           preStop client (`python3 -m ministream_sidecar.client`)
                                           are there; with --engine also vLLM at the pinned
                                           version, with the plugin discovered through its entry
-                                          point
+                                          point; with --multinode also Ray (package and `ray`
+                                          CLI: the chart's multi-node pods run `ray start`)
     check-install.py sidecar              the sidecar and its console script are there, and
                                           neither torch nor vLLM is importable
 
@@ -46,7 +48,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def check_serving(engine: bool) -> list[str]:
+def check_serving(engine: bool, multinode: bool = False) -> list[str]:
     problems = []
     for module in ("ministream", "runai_model_streamer", "boto3"):
         if not _importable(module):
@@ -59,7 +61,19 @@ def check_serving(engine: bool) -> list[str]:
     problems += _check_prestop_client()
     if engine:
         problems += _check_engine()
+    if multinode:
+        problems += _check_ray()
     return problems + _check_no_dev_packages()
+
+
+def _check_ray() -> list[str]:
+    ray = _script("ray")
+    if not _importable("ray") or ray is None:
+        return ["Ray is missing (package or `ray` CLI): the multi-node pods run `ray start`"]
+    proc = subprocess.run([str(ray), "--version"], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        return [f"`ray --version` failed: {proc.stderr[-500:]}"]
+    return []
 
 
 def _check_prestop_client() -> list[str]:
@@ -121,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=["serving", "sidecar"])
     parser.add_argument("--engine", action="store_true", help="serving: check vLLM too")
+    parser.add_argument("--multinode", action="store_true", help="serving: check Ray too")
     args = parser.parse_args(argv)
-    problems = check_serving(args.engine) if args.role == "serving" else check_sidecar()
+    problems = (
+        check_serving(args.engine, args.multinode) if args.role == "serving" else check_sidecar()
+    )
     for problem in problems:
         print(f"check-install {args.role}: {problem}", file=sys.stderr)
     if not problems:

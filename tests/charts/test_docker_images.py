@@ -102,7 +102,10 @@ def test_images_match_what_the_chart_runs() -> None:
     serving = _instructions(DOCKER / "Dockerfile.serving")
     assert ("FROM", "${VLLM_IMAGE}") in serving
     assert ("ARG", "VLLM_IMAGE=vllm/vllm-openai:v0.32.0") in serving
-    assert any("install-project.sh model,s3" in rest for op, rest in serving if op == "RUN")
+    assert any(
+        "install-project.sh model,s3,multinode" in rest for op, rest in serving if op == "RUN"
+    )
+    assert any("check-install.py serving --engine --multinode" in r for _, r in serving)
     cpu = _instructions(DOCKER / "Dockerfile.cpu")
     assert any("install-cpu-engine.sh" in rest for op, rest in cpu if op == "RUN")
     for ins in (serving, cpu):
@@ -178,12 +181,13 @@ def test_sidecar_install_step_in_a_fresh_venv(tmp_path: Path) -> None:
 
 
 def test_serving_install_step_keeps_the_engine(tmp_path: Path) -> None:
-    """The serving images' step (`model,s3`) resolved against an environment that already has
-    an engine (the dev environment: vLLM CPU build, +cpu torch), as a dry run. The Run:ai
-    streamer depends on torch: unpinned, pip would swap the image's torch for another build."""
+    """The GPU serving image's step (`model,s3,multinode`) resolved against an environment
+    that already has an engine (the dev environment: vLLM CPU build, +cpu torch), as a dry
+    run. The Run:ai streamer depends on torch: unpinned, pip would swap the image's torch for
+    another build."""
     src = _project_copy(tmp_path)
     proc = subprocess.run(
-        [str(SCRIPTS / "install-project.sh"), "model,s3", str(src), "--dry-run"],
+        [str(SCRIPTS / "install-project.sh"), "model,s3,multinode", str(src), "--dry-run"],
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
@@ -198,12 +202,14 @@ def test_serving_install_step_keeps_the_engine(tmp_path: Path) -> None:
 
 
 def test_check_install_engine_half_on_the_dev_environment() -> None:
-    """vLLM CPU 0.32.0 (as in the CPU image) discovers the plugin through its entry point."""
+    """vLLM CPU 0.32.0 (as in the CPU image) discovers the plugin through its entry point;
+    Ray's package and CLI are found."""
     spec = importlib.util.spec_from_file_location("check_install", SCRIPTS / "check-install.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module._check_engine() == []
+    assert module._check_ray() == []  # the GPU image's multi-node half (Ray 2.60.0 here too)
 
 
 def test_check_install_refuses_torch_in_the_sidecar() -> None:

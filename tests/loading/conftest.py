@@ -87,38 +87,22 @@ def model_url(s3_env: dict[str, str], model_dir: Path) -> str:
     return url
 
 
+def shard(model: str, output: str, tp: int, pp: int = 1, env: dict[str, str] | None = None) -> str:
+    """`ministream shard` through its CLI, as users run it; returns `output`."""
+    layout = ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+    run_cli("shard", "--model", model, *layout, "--output", output, "--quiet", env=env)
+    return output
+
+
 @pytest.fixture(scope="session")
 def shards_tp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("shards") / "tiny-tp2"
-    run_cli(
-        "shard",
-        "--model",
-        str(model_dir),
-        "--tensor-parallel-size",
-        "2",
-        "--output",
-        str(out),
-        "--quiet",
-    )
-    return out
+    return Path(shard(str(model_dir), str(tmp_path_factory.mktemp("shards") / "tiny-tp2"), 2))
 
 
 @pytest.fixture(scope="session")
 def shards_tp2_url(s3_env: dict[str, str], model_url: str) -> str:
     """Sharded straight from S3 to S3: ranks stream the source with runai_streamer."""
-    url = f"s3://{BUCKET}/tiny-tp2"
-    run_cli(
-        "shard",
-        "--model",
-        model_url,
-        "--tensor-parallel-size",
-        "2",
-        "--output",
-        url,
-        "--quiet",
-        env=s3_env,
-    )
-    return url
+    return shard(model_url, f"s3://{BUCKET}/tiny-tp2", 2, env=s3_env)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from ministream.manifest import Manifest
 from ministream.shardset import SHARDS_META_NAME
 from ministream_reference.golden import Completion, compare, load, reference_completions
-from tests.loading.conftest import run_cli
+from tests.loading.conftest import shard
 from tests.loading.helpers import ATOL, PROMPTS
 from tests.support.golden_runs import MAX_TOKENS, run_golden
 
@@ -37,19 +37,7 @@ def expected(model_dir: Path) -> list[Completion]:
 @pytest.fixture(scope="module")
 def shards_tp2_pp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards") / "tiny-tp2-pp2"
-    run_cli(
-        "shard",
-        "--model",
-        str(model_dir),
-        "--tensor-parallel-size",
-        "2",
-        "--pipeline-parallel-size",
-        "2",
-        "--output",
-        str(out),
-        "--quiet",
-    )
-    return out
+    return Path(shard(str(model_dir), str(out), tp=2, pp=2))
 
 
 def test_pp2_matches_the_reference(

@@ -9,45 +9,19 @@ PodMonitor does in a cluster (there is no Kubernetes here); everything else is r
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from promkit import NAMESPACE, POD, ROOT, LiveStack, PrometheusServer, ScrapeTarget
 
 from ministream_observability.generate import RULES_FILE
 from ministream_testkit.load import BusyEngine, client, completion
-from ministream_testkit.net import answers, free_port
+from ministream_testkit.sidecar_process import SidecarProcess, start_sidecar
 from ministream_testkit.vllm_server import metrics_text, request_counts, sum_samples
 from ministream_testkit.waiting import wait_until
-
-
-@dataclass
-class SidecarProcess:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=kwargs.pop("timeout", 120), **kwargs)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
 
 
 @pytest.fixture(scope="session")
@@ -59,47 +33,13 @@ def sidecar_process(
     Warmup on start is off: the test posts /warmup after Prometheus has scraped the sidecar
     once, so the warmup counters are seen at 0 before they move (as in a cluster, where the
     sidecar is scraped long before vLLM has loaded its weights)."""
-    port = free_port()
-    script = Path(sys.executable).with_name("ministream-sidecar")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "ministream_sidecar"]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("MINISTREAM_SIDECAR_")
-        and k not in {"KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "POD_UID"}
-    }
-    env.update(
-        {
-            "MINISTREAM_SIDECAR_HOST": "127.0.0.1",
-            "MINISTREAM_SIDECAR_PORT": str(port),
-            "MINISTREAM_SIDECAR_VLLM_URL": vllm_server.url,
-            "MINISTREAM_SIDECAR_MODEL_NAME": vllm_server.served_name,
-            "MINISTREAM_SIDECAR_WARMUP_ON_START": "false",
-            "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
-            "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "2",
-            "MINISTREAM_SIDECAR_WARMUP_PROMPT_TOKENS": "32",
-            "MINISTREAM_SIDECAR_WARMUP_MAX_TOKENS": "8",
-            "MINISTREAM_SIDECAR_HEALTH_INTERVAL_SECONDS": "0.5",
-            "MINISTREAM_SIDECAR_DRAIN_POLL_INTERVAL_SECONDS": "0.2",
-            "MINISTREAM_SIDECAR_INFO_REVISION": "test",
-            "MINISTREAM_SIDECAR_STARTUP_LOG": str(vllm_server.startup_log),
-            "MINISTREAM_SIDECAR_LOG_LEVEL": "WARNING",
-        }
+    sidecar = start_sidecar(
+        vllm_server.url,
+        vllm_server.served_name,
+        tmp_path_factory.mktemp("sidecar") / "sidecar.log",
+        {"MINISTREAM_SIDECAR_STARTUP_LOG": str(vllm_server.startup_log)},
     )
-    log_path = tmp_path_factory.mktemp("sidecar") / "sidecar.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child process
-    proc = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    sidecar = SidecarProcess(f"http://127.0.0.1:{port}", proc, log_path)
     try:
-
-        def live() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sidecar exited {proc.returncode}:\n{log_path.read_text()}")
-            return answers(f"{sidecar.url}/livez")
-
-        wait_until(live, 60, 0.2, what="the sidecar live", detail=log_path.read_text)
         yield sidecar
     finally:
         sidecar.stop()
