@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def rank_binding(world: int) -> str:
 
 
 def run_golden(
-    model: Path,
+    model: Path | str,  # a directory or an s3:// URL
     out: Path,
     *,
     tp: int = 1,
@@ -34,18 +35,20 @@ def run_golden(
     dtype: str = "float32",
     load_format: str = "auto",
     check: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Eager unless `pp > 1`: vLLM 0.32's CPU runner serves pipeline stages only on the
     compiled path (with enforce_eager its PP worker dies on an assertion, built-in Llama
     too)."""
-    env = {
+    full = {
         **os.environ,
         **IN_PROCESS_ENGINE,
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
+        **(env or {}),
     }
     if tp * pp > 1:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_binding(tp * pp)
+        full["VLLM_CPU_OMP_THREADS_BIND"] = rank_binding(tp * pp)
     proc = subprocess.run(
         [
             sys.executable,
@@ -69,7 +72,7 @@ def run_golden(
         ],
         capture_output=True,
         text=True,
-        env=env,
+        env=full,
         timeout=1800,
         check=False,
     )
