@@ -5,7 +5,8 @@
                             [--rates 0.5,1,2 | --concurrency 1,2,4] [--requests N]
                             [--slo ttft_ms=800 ...] [--attainment 0.95] [--fail-on-slo]
     ministream-loadtest rollout --replicas N --output FILE.json --model DIR
-                            [--no-drain] [--rollout-mode surge|inPlace] [--restarts K]
+                            [--no-drain | --control-restarts K [--control-endpoint-lag S]]
+                            [--rollout-mode surge|inPlace] [--restarts K]
                             [--rate R] [--duration S] [--endpoint-lag S]
                             [--runtime process|podman] [-- VLLM_ARGS...]
 
@@ -138,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
         dest="drain",
         action="store_false",
         help="control run: no preStop /drain before SIGTERM",
+    )
+    ro.add_argument(
+        "--control-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="paired control: the last K replacements of this run skip the preStop /drain "
+        "(the report splits the restart window per replacement)",
+    )
+    ro.add_argument(
+        "--control-endpoint-lag",
+        type=_seconds_or_inf,
+        metavar="S",
+        help="the control replacements' --endpoint-lag (default: --endpoint-lag)",
     )
     ro.add_argument(
         "--rollout-mode", choices=["surge", "inPlace"], help="default: the chart's rollout.mode"
@@ -452,6 +467,8 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         tokenizer=args.tokenizer,
         vllm_args=tuple(vllm_args),
         drain=args.drain,
+        control_restarts=args.control_restarts,
+        control_endpoint_lag=args.control_endpoint_lag,
         rollout_mode=args.rollout_mode,
         restarts=args.restarts,
         rate=args.rate,
@@ -479,6 +496,12 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
                 "succeeded": report["succeeded"],
                 "failed": report["failed"],
                 "failures_by_cause": report["failures_by_cause"],
+                "failures_by_pod": report["failures_by_pod"],
+                "replacements": [
+                    f"{r['old']} -> {r['new']} ({'drain' if r['drain'] else 'control'}): "
+                    f"{r['window']['failed']} of {r['window']['sent']} failed"
+                    for r in report["replacements"]
+                ],
                 "restart_window_s": window["duration_s"],
                 "window_e2el_ms": {k: e2e[k] for k in ("p50", "p95", "p99")},
                 "report": str(args.output),
@@ -572,8 +595,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_soak(args, extra)
         if args.replicas < 1 or (args.restarts is not None and args.restarts < 1):
             raise SystemExit("--replicas and --restarts must be >= 1")
-        if math.isnan(args.endpoint_lag):
+        if math.isnan(args.endpoint_lag) or (
+            args.control_endpoint_lag is not None and math.isnan(args.control_endpoint_lag)
+        ):
             raise SystemExit("--endpoint-lag must be a number of seconds or inf")
+        if not args.drain and args.control_restarts:
+            raise SystemExit(
+                "--no-drain makes every replacement a control: drop --control-restarts"
+            )
         return cmd_rollout(args, extra)
     except KeyboardInterrupt:
         print("interrupted: stopped every process this run started", file=sys.stderr)

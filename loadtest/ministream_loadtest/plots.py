@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from .records import RequestRecord
+from .rollout import drain_summary
 
 _PCT_STYLE = {"p50": "-o", "p95": "--s", "p99": ":^"}
 
@@ -117,13 +118,19 @@ def plot_rollout(
             zorder=3,
         )
     window = report["restart_window"]
-    ax.axvspan(
-        window["start_s"], window["end_s"], color="orange", alpha=0.12, label="restart window"
-    )
+    for rep in report["replacements"]:
+        control = not rep["drain"]
+        ax.axvspan(
+            rep["window"]["start_s"],
+            rep["window"]["end_s"],
+            color="tab:red" if control else "orange",
+            alpha=0.12,
+            label=f"{rep['old']} → {rep['new']}" + (" (control: no drain)" if control else ""),
+        )
     ax.set_ylabel("latency (ms)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    drain = "with preStop /drain" if report["drain"] else "WITHOUT drain (control)"
+    drain = drain_summary(report["restarts"], report["control_restarts"])
     ax.set_title(
         f"Rolling restart of {report['replicas']} replicas ({report['rollout_mode']}, "
         f"{drain}): sent {report['sent']}, failed {report['failed']}"

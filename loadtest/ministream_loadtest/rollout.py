@@ -12,10 +12,16 @@ A pod is ready when HAProxy's readiness check (the chart's readiness probe) pass
 The load is one `vllm bench serve` run at a constant Poisson rate through HAProxy, sized to
 outlast the rollout; the report counts every request it sent and puts latency percentiles of
 the requests sent during the restart window next to those sent before it.
+
+A paired control (`control_restarts`): the last K replacements of the same run skip the
+preStop drain (and may use their own endpoint lag), so the drained and the undrained
+replacements share one fleet, one load and one machine state; the report splits the
+restart window per replacement and traces every failure to a pod.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
@@ -59,7 +65,9 @@ class RolloutConfig:
     served_name: str = "ministream"
     tokenizer: str | None = None  # default: the model directory
     vllm_args: tuple[str, ...] = ()
-    drain: bool = True
+    drain: bool = True  # False: every replacement is a control (no preStop drain)
+    control_restarts: int = 0  # the last K replacements skip the drain (a paired control)
+    control_endpoint_lag: float | None = None  # the controls' endpoint lag; None: endpoint_lag
     rollout_mode: RolloutMode | None = None  # None: the chart's rollout.mode
     restarts: int | None = None  # pods to replace; None: all of them
     rate: float = 2.0
@@ -97,6 +105,15 @@ def max_load_seconds(
     return lead_in + restarts * per_pod + tail
 
 
+def drain_summary(restarts: int, controls: int) -> str:
+    """How a run's replacements stop their old pods, for logs and plot titles."""
+    if controls == 0:
+        return "with preStop /drain"
+    if controls == restarts:
+        return "WITHOUT drain (control)"
+    return f"{restarts - controls} with preStop /drain, {controls} WITHOUT (paired control)"
+
+
 def machine() -> dict[str, Any]:
     mem_gib = None
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -127,6 +144,11 @@ class Rollout:
         self.restarts = cfg.replicas if cfg.restarts is None else cfg.restarts
         if not 1 <= self.restarts <= cfg.replicas:
             raise ValueError(f"--restarts must be between 1 and --replicas ({cfg.replicas})")
+        self.controls = cfg.control_restarts if cfg.drain else self.restarts
+        if not 0 <= self.controls <= self.restarts:
+            raise ValueError(
+                f"--control-restarts must be between 0 and --restarts ({self.restarts})"
+            )
         self.workdir = cfg.workdir or cfg.output.with_name(cfg.output.stem + "-artifacts")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.fleet: ProcessFleet | PodmanFleet
@@ -149,6 +171,8 @@ class Rollout:
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened
+        self.endpoint_lags: dict[str, float] = {}  # terminating pod -> its endpoint lag
+        self.replacements: list[dict[str, Any]] = []  # per replacement: pods, drain, times
         self.threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()  # replaced by the engine's first send
@@ -157,6 +181,9 @@ class Rollout:
         self._engine: EngineProcess | None = None
         self._records: list[RequestRecord] = []
 
+    def _drain_summary(self) -> str:
+        return drain_summary(self.restarts, self.controls)
+
     def rel(self, t: float | None) -> float | None:
         return None if t is None else round(t - self.t0, 3)
 
@@ -164,7 +191,11 @@ class Rollout:
     def _slot_free(self, slot: Slot) -> bool:
         owner = self.slot_owner.get(slot.index)
         return owner is None or (
-            owner.exited and (owner.name in self.released or math.isinf(self.cfg.endpoint_lag))
+            owner.exited
+            and (
+                owner.name in self.released
+                or math.isinf(self.endpoint_lags.get(owner.name, self.cfg.endpoint_lag))
+            )
         )
 
     def _wait_free_slot(self, timeout: float) -> Slot:
@@ -203,10 +234,19 @@ class Rollout:
         )
         time.sleep(self.chart.min_ready_seconds)
 
-    def _terminate_async(self, pod: Pod) -> None:
+    def _plan(self, i: int) -> tuple[bool, float]:
+        """Replacement i's drain and endpoint lag: the last `controls` ones are the control."""
+        if i < self.restarts - self.controls:
+            return True, self.cfg.endpoint_lag
+        lag = self.cfg.control_endpoint_lag
+        return False, self.cfg.endpoint_lag if lag is None else lag
+
+    def _terminate_async(self, pod: Pod, drain: bool, endpoint_lag: float) -> None:
+        self.endpoint_lags[pod.name] = endpoint_lag
+
         def endpoint_removal() -> None:
-            if not math.isinf(self.cfg.endpoint_lag):
-                time.sleep(self.cfg.endpoint_lag)
+            if not math.isinf(endpoint_lag):
+                time.sleep(endpoint_lag)
                 assert self.haproxy is not None
                 self.haproxy.remove_endpoint(pod.slot)
                 pod.events["endpoint_removed"] = time.perf_counter()
@@ -214,7 +254,7 @@ class Rollout:
 
         def shutdown() -> None:
             try:
-                pod.terminate(drain=self.cfg.drain)
+                pod.terminate(drain=drain)
                 _say(
                     f"[{self.rel(pod.events['exited']):8.1f}s] pod {pod.name} gone "
                     f"(vLLM status {pod.exit_code}{', SIGKILLed' if pod.killed else ''}; "
@@ -225,7 +265,8 @@ class Rollout:
 
         _say(
             f"[{self.rel(time.perf_counter()):8.1f}s] pod {pod.name} terminating "
-            f"({'preStop /drain, then ' if self.cfg.drain else 'no preStop, '}SIGTERM)"
+            f"({'preStop /drain, then ' if drain else 'no preStop (control), '}SIGTERM; "
+            f"endpoint lag {endpoint_lag:g}s)"
         )
         for target in (endpoint_removal, shutdown):
             thread = threading.Thread(target=target, daemon=True)
@@ -252,7 +293,7 @@ class Rollout:
         self.watcher = StateWatcher(self.haproxy).start()
         _say(
             f"HAProxy on {self.haproxy.url}; {len(self.slots)} slots, rollout mode "
-            f"{self.mode}, drain {'on' if cfg.drain else 'OFF (control run)'}; logs in "
+            f"{self.mode}, {self._drain_summary()}; logs in "
             f"{self.workdir}"
         )
         old = []
@@ -297,12 +338,22 @@ class Rollout:
         t_start = time.perf_counter()
         for i in range(self.restarts):
             old_pod = old[i]
+            drain, lag = self._plan(i)
+            self.replacements.append(
+                {
+                    "old": old_pod.name,
+                    "new": f"v2-{i}",
+                    "drain": drain,
+                    "endpoint_lag": lag,
+                    "start": t_start if i == 0 else time.perf_counter(),
+                }
+            )
             if self.mode == "surge":
                 new = self._create_pod(f"v2-{i}", self._wait_free_slot(cfg.startup_timeout))
                 self._wait_pod_ready(new)
-                self._terminate_async(old_pod)
+                self._terminate_async(old_pod, drain, lag)
             else:
-                self._terminate_async(old_pod)
+                self._terminate_async(old_pod, drain, lag)
                 new = self._create_pod(f"v2-{i}", self._wait_free_slot(cfg.startup_timeout))
                 self._wait_pod_ready(new)
         for thread in self.threads:
@@ -394,6 +445,13 @@ class Rollout:
             r.request_id for r in matched if not r.agrees_with_status(access[r.request_id].status)
         ]
         inside = [r for r in records if t_start <= r.start <= t_end]
+        # Each request of the restart window belongs to the replacement under way when it was
+        # sent: from that replacement's start to the next one's (the last: to the rollout's end).
+        starts = [rep["start"] for rep in self.replacements]
+        by_replacement: list[list[RequestRecord]] = [[] for _ in starts]
+        for r in inside:
+            by_replacement[max(0, bisect.bisect_right(starts, r.start) - 1)].append(r)
+        ends = [*starts[1:], t_end]
         before = [r for r in records if r.start < t_start]
         after = [r for r in records if r.start > t_end]
         last_send = max((r.start for r in records), default=self.t0)
@@ -410,6 +468,22 @@ class Rollout:
                 "duration_s": round(t_end - t_start, 3),
                 **self._window(inside),
             },
+            "replacements": [
+                {
+                    "old": rep["old"],
+                    "new": rep["new"],
+                    "drain": rep["drain"],
+                    "endpoint_lag_s": None
+                    if math.isinf(rep["endpoint_lag"])
+                    else rep["endpoint_lag"],
+                    "window": {
+                        "start_s": self.rel(rep["start"]),
+                        "end_s": self.rel(end),
+                        **self._window(sent),
+                    },
+                }
+                for rep, end, sent in zip(self.replacements, ends, by_replacement, strict=True)
+            ],
             "before_window": self._window(before),
             "after_window": self._window(after),
             "load_covered_rollout": last_send >= t_end,
@@ -417,7 +491,8 @@ class Rollout:
             # the engine's clock (perf_counter, CLOCK_MONOTONIC), so raw `start_times` map
             # onto the window as start_time - t0.
             "t0_perf_counter": self.t0,
-            "drain": self.cfg.drain,
+            "drain": self.controls == 0,  # every replacement drained
+            "control_restarts": self.controls,
             "rollout_mode": self.mode,
             "replicas": self.cfg.replicas,
             "restarts": self.restarts,

@@ -35,17 +35,15 @@ from typing import Any
 from ministream.errors import CheckpointError, ShardError, StorageError
 from ministream.manifest import MANIFEST_NAME, Manifest
 from ministream.shardset import (
-    HEADER_MODEL_HASH,
-    HEADER_PP_RANK,
-    HEADER_PP_SIZE,
-    HEADER_RANK,
-    HEADER_TP_SIZE,
     SHARDED_FORMATS,
     SHARDS_META_NAME,
     Layout,
     ShardSetInfo,
     checked_header_length,
+    describe_rank_header,
+    header_rank,
     parse_safetensors_header,
+    rank_header,
     read_local_header,
     reshard_command,
 )
@@ -204,33 +202,16 @@ def check_shard_set(
     # Own files only: a process never opens a rank's shard but that rank's worker (the tests
     # watch for it).
     pp_rank, rank = ranks
-    expected = _made_for(info.source_model_hash, layout, pp_rank, rank)
+    expected = rank_header(info.source_model_hash, layout, pp_rank, rank)
     for name in info.files_for_rank(rank, pp_rank):
-        meta = loc.header(name, sizes.get(name)).get("__metadata__") or {}
-        made_for = (
-            meta.get(HEADER_MODEL_HASH),
-            meta.get(HEADER_TP_SIZE),
-            meta.get(HEADER_RANK),
-            meta.get(HEADER_PP_SIZE, "1"),
-            meta.get(HEADER_PP_RANK, "0"),
-        )
-        if made_for != expected:
+        found = header_rank(loc.header(name, sizes.get(name)).get("__metadata__") or {})
+        if found != expected:
             raise ShardError(
                 f"{weights}/{name} was made from another model or shard set "
-                f"({_describe(made_for)}) than this shard set ({_describe(expected)}). "
+                f"({describe_rank_header(found)}) than this shard set "
+                f"({describe_rank_header(dict(expected))}). "
                 f"Re-create it: `{reshard_command(info.source, layout, weights)}`"
             )
-
-
-def _made_for(model_hash: str, layout: Layout, pp_rank: int, rank: int) -> tuple[str, ...]:
-    return (model_hash, str(layout.tp), str(rank), str(layout.pp), str(pp_rank))
-
-
-def _describe(made_for: tuple[Any, ...]) -> str:
-    model_hash, tp, rank, pp, pp_rank = made_for
-    staged = (pp, pp_rank) != ("1", "0")
-    stages = f", pipeline-parallel size {pp}, stage {pp_rank}" if staged else ""
-    return f"model {str(model_hash)[:16]}, tensor-parallel size {tp}, rank {rank}{stages}"
 
 
 def _check_same_model(info: ShardSetInfo, weights: str, config_dir: Path) -> None:

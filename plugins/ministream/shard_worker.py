@@ -31,14 +31,7 @@ from typing import Any
 import torch
 
 from ministream.compat import build_model
-from ministream.shardset import (
-    HEADER_MODEL_HASH,
-    HEADER_PP_RANK,
-    HEADER_PP_SIZE,
-    HEADER_RANK,
-    HEADER_TP_SIZE,
-    Layout,
-)
+from ministream.shardset import Layout, rank_header
 
 
 def _engine_config(spec: dict[str, Any], load_format: str) -> Any:
@@ -99,14 +92,7 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         state = ShardedStateLoader._filter_subtensors(model.state_dict())
         state = {k: v.detach().contiguous() for k, v in state.items()}
         _check_every_parameter_saved(model, state)
-        header = {
-            HEADER_MODEL_HASH: spec["model_hash"],
-            HEADER_TP_SIZE: str(layout.tp),
-            HEADER_RANK: str(tp_rank),
-            HEADER_PP_SIZE: str(layout.pp),
-            HEADER_PP_RANK: str(pp_rank),
-            "format": "pt",
-        }
+        header = {**rank_header(spec["model_hash"], layout, pp_rank, tp_rank), "format": "pt"}
         files = []
         for part, tensors in enumerate(_split_parts(state, spec["max_part_bytes"])):
             name = layout.file_name(tp_rank, part, pp_rank)

@@ -36,12 +36,14 @@ FORMAT_VERSION = 1
 # size is 1, PP_AND_TP_PATTERN otherwise (`_get_default_pattern`).
 SHARD_PATTERN = "model-rank-{rank}-part-{part}.safetensors"
 PP_SHARD_PATTERN = "model-pp-{pp_rank}-tp-{rank}-part-{part}.safetensors"
-# Keys in each shard file's safetensors header metadata.
+# Keys in each shard file's safetensors header metadata (rank_header writes them).
 HEADER_MODEL_HASH = "ministream_model_hash"
 HEADER_TP_SIZE = "ministream_tp_size"
 HEADER_RANK = "ministream_rank"
-HEADER_PP_SIZE = "ministream_pp_size"  # absent in sets made before pipeline parallelism: 1
-HEADER_PP_RANK = "ministream_pp_rank"  # likewise: 0
+HEADER_PP_SIZE = "ministream_pp_size"
+HEADER_PP_RANK = "ministream_pp_rank"
+# What a header without the pipeline keys means: sets made before pipeline parallelism.
+HEADER_DEFAULTS = {HEADER_PP_SIZE: "1", HEADER_PP_RANK: "0"}
 # Load formats that read a shard set (vLLM picks ShardedStateLoader for both).
 SHARDED_FORMATS = ("sharded_state", "runai_streamer_sharded")
 
@@ -75,6 +77,38 @@ class Layout:
     def file_name(self, rank: int, part: int, pp_rank: int = 0) -> str:
         pattern = SHARD_PATTERN if self.pp == 1 else PP_SHARD_PATTERN
         return pattern.format(rank=rank, pp_rank=pp_rank, part=part)
+
+
+def rank_header(model_hash: str, layout: Layout, pp_rank: int, rank: int) -> dict[str, str]:
+    """The metadata each file of rank (pp_rank, rank) carries in its safetensors header: what
+    `ministream shard` writes and the load guard expects."""
+    return {
+        HEADER_MODEL_HASH: model_hash,
+        HEADER_TP_SIZE: str(layout.tp),
+        HEADER_RANK: str(rank),
+        HEADER_PP_SIZE: str(layout.pp),
+        HEADER_PP_RANK: str(pp_rank),
+    }
+
+
+def header_rank(metadata: dict[str, str]) -> dict[str, str | None]:
+    """The rank_header keys of a file's header metadata (None: absent)."""
+    return {
+        key: metadata.get(key, HEADER_DEFAULTS.get(key))
+        for key in (HEADER_MODEL_HASH, HEADER_TP_SIZE, HEADER_RANK, HEADER_PP_SIZE, HEADER_PP_RANK)
+    }
+
+
+def describe_rank_header(header: dict[str, str | None]) -> str:
+    """`model 0123…, tensor-parallel size 2, rank 1[, pipeline-parallel size 2, stage 0]`."""
+    pp, pp_rank = header[HEADER_PP_SIZE], header[HEADER_PP_RANK]
+    stages = (
+        f", pipeline-parallel size {pp}, stage {pp_rank}" if (pp, pp_rank) != ("1", "0") else ""
+    )
+    return (
+        f"model {str(header[HEADER_MODEL_HASH])[:16]}, tensor-parallel size "
+        f"{header[HEADER_TP_SIZE]}, rank {header[HEADER_RANK]}{stages}"
+    )
 
 
 def shard_file_name(rank: int, part: int) -> str:

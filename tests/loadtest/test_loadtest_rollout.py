@@ -1,21 +1,23 @@
 """The rolling-restart experiment, CI-sized: 2 replicas of the tiny model (real vLLM CPU + the
 real sidecar each) behind real HAProxy, constant streaming load, pods replaced as the chart's
-rollout does it, with the chart's timing values.
+rollout does it, with the chart's timing values. One run replaces both pods, a paired control:
 
-- with the preStop drain: zero failed requests;
-- the control run without it (`--no-drain`): failures, traced to the terminating pods.
+- the first replacement with the preStop drain: zero failed requests;
+- the second without it (`--control-restarts 1`): failures, traced to the terminating pod.
 Counts are checked against the engine's raw per-request records and HAProxy's access log.
 
 CI sizes (the full experiment, in the chart's default `surge` mode, is `make bench-serve`,
-docs/benchmarks.md): both runs replace one pod of two in `inPlace` mode, where the new pod
-starts alone on the core its predecessor freed (about 2 min). A surge pod starts beside two
-serving engines on two cores, which took 4-6 min of every CI run; the drain's guarantee does
-not depend on the mode (the terminating pod is drained the same way), and the two runs now
-differ in the drain and the control's longer endpoint lag only. The runs are sequential.
+docs/benchmarks.md): `inPlace` mode, where each new pod starts alone on the core its
+predecessor freed (about 1 min). A surge pod starts beside two serving engines on two cores,
+which took 4-6 min of every CI run; the drain's guarantee does not depend on the mode (the
+terminating pod is drained the same way). Drained and control replacements share one fleet
+and one load (two separate runs started the fleet twice), and differ in the drain and the
+control's longer endpoint lag only.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -90,29 +92,17 @@ LOAD_AROUND = ("--lead-in", "5", "--tail", "5")
 
 
 @pytest.fixture(scope="module")
-def with_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def paired(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_rollout(
         tiny_model_dir,
-        tmp_path_factory.mktemp("rollout-drain"),
+        tmp_path_factory.mktemp("rollout"),
         "--rollout-mode",
         "inPlace",
         "--restarts",
+        "2",
+        "--control-restarts",
         "1",
-        *LOAD_AROUND,
-    )
-
-
-@pytest.fixture(scope="module")
-def without_drain(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_rollout(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("rollout-nodrain"),
-        "--no-drain",
-        "--rollout-mode",
-        "inPlace",
-        "--restarts",
-        "1",
-        "--endpoint-lag",
+        "--control-endpoint-lag",
         CONTROL_ENDPOINT_LAG,
         *LOAD_AROUND,
     )
@@ -142,32 +132,45 @@ def check_counts_against_raw(report: dict[str, Any]) -> None:
         if window["start_s"] <= s - t0 <= window["end_s"]
     ]
     assert window["sent"] == len(inside) > 0
+    # The replacements' windows split the restart window, in order, without a gap.
+    parts = [r["window"] for r in report["replacements"]]
+    assert sum(w["sent"] for w in parts) == window["sent"]
+    assert sum(w["failed"] for w in parts) == window["failed"]
+    assert parts[0]["start_s"] == window["start_s"] and parts[-1]["end_s"] == window["end_s"]
+    assert all(a["end_s"] == b["start_s"] for a, b in itertools.pairwise(parts))
     good = [raw["latencies"][i] * 1000 for i in inside if not raw["errors"][i]]
     if good and window["failed"] == 0:
         assert window["e2el_ms"]["p99"] == pytest.approx(np.percentile(good, 99), abs=1e-3)
         assert window["e2el_ms"]["p50"] == pytest.approx(np.median(good), abs=1e-3)
 
 
-def test_rolling_restart_with_drain_drops_no_request(with_drain: dict[str, Any]) -> None:
-    report = with_drain
-    assert report["drain"] is True and report["restarts"] == 1
-    assert report["rollout_mode"] == "inPlace"
-    assert report["failed"] == 0, report["failures"]
-    assert report["failures_by_cause"] == {}
+def test_rolling_restart_with_drain_drops_no_request(paired: dict[str, Any]) -> None:
+    report = paired
+    assert report["rollout_mode"] == "inPlace" and report["restarts"] == 2
+    assert report["control_restarts"] == 1 and report["drain"] is False
     assert report["load_covered_rollout"]
     check_counts_against_raw(report)
-    window = report["restart_window"]
-    assert window["failed"] == 0 and window["succeeded"] == window["sent"]
+    drained, control = report["replacements"]
+    assert (drained["old"], drained["new"], drained["drain"]) == ("v1-0", "v2-0", True)
+    assert drained["endpoint_lag_s"] == report["endpoint_lag_s"] == 2  # the default
+    window = drained["window"]
+    assert window["sent"] > 0 and window["failed"] == 0 and window["succeeded"] == window["sent"]
     for metric in ("ttft_ms", "itl_ms", "e2el_ms"):
         assert window[metric]["p50"] <= window[metric]["p95"] <= window[metric]["p99"]
+    assert report["before_window"]["failed"] == 0
+    # Every failure of the run is the control's: none names the drained pod or its successor,
+    # none was sent before the control replacement began.
+    assert not {"v1-0", "v2-0"} & set(report["failures_by_pod"])
+    assert all(f["sent_s"] >= control["window"]["start_s"] for f in report["failures"])
     pods = {p["name"]: p for p in report["pods"]}
-    assert set(pods) == {"v1-0", "v1-1", "v2-0"}
+    assert set(pods) == {"v1-0", "v1-1", "v2-0", "v2-1"}
     old, new, kept = pods["v1-0"], pods["v2-0"], pods["v1-1"]
     # inPlace: the old pod drained and exited before its replacement was created, and the
-    # replacement became ready while the kept pod served alone.
+    # replacement became ready while the other pod served alone.
     assert old["exited_s"] is not None and old["exited_s"] <= new["created_s"]
     assert new["ready_s"] is not None and new["ready_s"] > new["created_s"]
-    assert new["terminating_s"] is None and kept["terminating_s"] is None
+    assert kept["terminating_s"] is not None and kept["terminating_s"] > new["ready_s"]
+    assert new["terminating_s"] is None
     assert old["prestop"]["status"] == 200
     assert old["prestop"]["body"]["outcome"] == "idle"
     assert old["prestop"]["seconds"] >= report["chart_pod"]["drain_min_seconds"] - 0.5
@@ -177,22 +180,22 @@ def test_rolling_restart_with_drain_drops_no_request(with_drain: dict[str, Any])
     )
 
 
-def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any]) -> None:
-    report = without_drain
-    assert report["drain"] is False and report["restarts"] == 1  # --restarts 1
-    assert report["rollout_mode"] == "inPlace" and report["endpoint_lag_s"] == 6
+def test_control_replacement_without_drain_fails_requests(paired: dict[str, Any]) -> None:
+    report = paired
+    control = report["replacements"][1]
+    assert (control["old"], control["new"], control["drain"]) == ("v1-1", "v2-1", False)
+    assert control["endpoint_lag_s"] == 6
     assert report["failed"] > 0
-    check_counts_against_raw(report)
+    assert control["window"]["failed"] == report["failed"]
     # vLLM answers 500 to new requests once it has SIGTERM, while its /health (and so the
     # pod's readiness) stays OK: only the endpoint removal stops them.
     assert "http_500" in report["failures_by_cause"]
     unlogged = report["access_log_check"]["unlogged"]
-    assert set(report["failures_by_pod"]) <= {"v1-0", "v1-1", "none"}
+    assert set(report["failures_by_pod"]) <= {"v1-1", "none"}
     assert report["failures_by_pod"].get("none", 0) == len(unlogged)
     pods = {p["name"]: p for p in report["pods"]}
-    old_pods = [p for p in (pods["v1-0"], pods["v1-1"]) if p["terminating_s"] is not None]
-    assert [p["name"] for p in old_pods] == ["v1-0"]  # --restarts 1
-    assert all(pod["prestop"] is None for pod in old_pods)
+    old = pods["v1-1"]
+    assert old["prestop"] is None and old["terminating_s"] is not None
     raw = report["_raw"]
     # A request sent before SIGTERM fails only if it was still in flight then: waiting for its
     # first token (a 500) or streaming (a broken stream). The run's slowest successful request
@@ -203,12 +206,10 @@ def test_control_run_without_drain_fails_requests(without_drain: dict[str, Any])
     slowest_e2e = max(raw["latencies"][i] for i in ok)
     # And none was sent after the endpoint removal (a late client clock only makes `sent_s`
     # earlier than the real send). A failure HAProxy has no line for names no pod: it must
-    # fit either old pod's shutdown.
+    # fit the control pod's shutdown too.
     for failure in report["failures"]:
         lead = slowest_ttft if failure["cause"] == "http_500" else slowest_e2e
-        candidates = [pods[failure["pod"]]] if failure["pod"] else old_pods
-        assert any(
-            pod["sigterm_s"] - lead <= failure["sent_s"] <= pod["endpoint_removed_s"] + 0.5
-            for pod in candidates
-        ), failure
+        assert old["sigterm_s"] - lead <= failure["sent_s"] <= old["endpoint_removed_s"] + 0.5, (
+            failure
+        )
         assert raw["errors"][int(failure["request_id"].rsplit("-", 1)[1])]

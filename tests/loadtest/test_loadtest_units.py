@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ from ministream_loadtest.engine import engine_args
 from ministream_loadtest.fleet import cpu_binding, tensor_parallel_size
 from ministream_loadtest.haproxy import HAProxy, Slot, StateWatcher, find_haproxy, render_config
 from ministream_loadtest.records import classify_error, latency_summary, load_records
-from ministream_loadtest.rollout import Rollout, max_load_seconds
+from ministream_loadtest.rollout import Rollout, drain_summary, max_load_seconds
 from ministream_loadtest.scenarios import load_scenario, resolve_scenario, shipped_scenarios
 from ministream_loadtest.slo import point_report
 from ministream_testkit.helm import helm_path
@@ -178,6 +179,30 @@ def test_a_failure_belongs_to_the_pod_whose_endpoint_it_was_sent_to() -> None:
     assert owner("s0", 56.0) == "v2-0"
     assert owner("s1", 56.0) == "v1-1"
     assert owner("s0", -1.0) is None and owner("s9", 10.0) is None
+
+
+@pytest.mark.parametrize(
+    ("restarts", "controls", "control_lag", "plan"),
+    [
+        (2, 0, None, [(True, 2.0), (True, 2.0)]),
+        (2, 1, 6.0, [(True, 2.0), (False, 6.0)]),
+        (3, 2, None, [(True, 2.0), (False, 2.0), (False, 2.0)]),
+        (1, 1, math.inf, [(False, math.inf)]),
+    ],
+)
+def test_a_paired_control_is_the_last_replacements(
+    restarts: int, controls: int, control_lag: float | None, plan: list[tuple[bool, float]]
+) -> None:
+    rollout = SimpleNamespace(
+        restarts=restarts,
+        controls=controls,
+        cfg=SimpleNamespace(endpoint_lag=2.0, control_endpoint_lag=control_lag),
+    )
+    step = functools.partial(Rollout._plan, rollout)  # type: ignore[arg-type]
+    assert [step(i) for i in range(restarts)] == plan
+    assert drain_summary(restarts, controls).startswith(
+        "with preStop" if controls == 0 else "WITHOUT" if controls == restarts else "1 with"
+    )
 
 
 def test_each_pod_gets_cores_of_its_own() -> None:
@@ -429,6 +454,19 @@ def test_cli_refuses_nonsense() -> None:
         text=True,
     )
     assert run.returncode != 0 and "--replicas" in run.stderr
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ministream_loadtest",
+            "rollout",
+            *("--replicas", "2", "--output", "x.json", "--model", "m"),
+            *("--no-drain", "--control-restarts", "1"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0 and "drop --control-restarts" in run.stderr
     run = subprocess.run(
         [
             sys.executable,

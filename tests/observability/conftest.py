@@ -134,7 +134,10 @@ def live(
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")
     assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
-    with BusyEngine(vllm_server):
+    # Four staggered streams: the drain ends "idle" after two idle polls 0.5 s apart, and with
+    # two streams one CI run saw that (both between requests at both polls, on a loaded
+    # machine); four leave no such gap.
+    with BusyEngine(vllm_server, threads=4):
         _wait_running(vllm_server.url)
         r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
     assert r.status_code == 200 and r.json()["outcome"] == "timeout", r.text
