@@ -436,53 +436,21 @@ def test_haproxy_routes_by_readiness_like_a_service(toy_fleet: Any) -> None:
     assert {log[f"t{i}"].server for i in range(4)} == {"slot2"}
 
 
-def test_cli_refuses_nonsense() -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream_loadtest",
-            "rollout",
-            "--replicas",
-            "0",
-            "--output",
-            "x.json",
-            "--model",
-            "m",
-        ],
-        capture_output=True,
-        text=True,
+def _loadtest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ministream_loadtest", *args], capture_output=True, text=True
     )
+
+
+def test_cli_refuses_nonsense() -> None:
+    run = _loadtest("rollout", "--replicas", "0", "--output", "x.json", "--model", "m")
     assert run.returncode != 0 and "--replicas" in run.stderr
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream_loadtest",
-            "rollout",
-            *("--replicas", "2", "--output", "x.json", "--model", "m"),
-            *("--no-drain", "--control-restarts", "1"),
-        ],
-        capture_output=True,
-        text=True,
+    run = _loadtest(
+        *("rollout", "--replicas", "2", "--output", "x.json", "--model", "m"),
+        *("--no-drain", "--control-restarts", "1"),
     )
     assert run.returncode != 0 and "drop --control-restarts" in run.stderr
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream_loadtest",
-            "run",
-            "--scenario",
-            "nope",
-            "--model",
-            "m",
-            "--tokenizer",
-            "t",
-            "--output-dir",
-            "o",
-        ],
-        capture_output=True,
-        text=True,
+    run = _loadtest(
+        *("run", "--scenario", "nope", "--model", "m", "--tokenizer", "t", "--output-dir", "o")
     )
     assert run.returncode == 2 and "bundled scenarios" in run.stderr
