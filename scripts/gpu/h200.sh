@@ -9,6 +9,8 @@
 # Issue 17 (parity that reproduces, time to Ready, FP8), gpu-1b only:
 #   REFERENCE=1 PRESETS=gpu-1b bash scripts/gpu/h200.sh models "$OUT"  # + fp32 reference golden
 #   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
+#     PARITY_SHAPES (default: the script's six), PARITY_ROUNDS, PARITY_BUDGET (s of rounds),
+#     PARITY_LIMIT (s for the whole step, engine starts included: three took 206 s)
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
@@ -97,10 +99,12 @@ case "$step" in
     # vLLM's bytecode goes to a private prefix, so /tmp/site stays as shipped (no .pyc)
     # for the cold-start step's "no precompiled bytecode" baseline.
     echo "== forward parity ($(date +%T))"
+    default='{"dtype": "bfloat16", "max_model_len": 2560, "gpu_memory_utilization": 0.25, "max_num_batched_tokens": 8192}'
+    parity_llm_args=${PARITY_LLM_ARGS:-$default}
     PYTHONPYCACHEPREFIX=/tmp/pyc-parity timeout -k 10 ${PARITY_LIMIT:-330} python3 \
       scripts/gpu/forward_parity.py --model $M/gpu-1b --out "$out/forward-parity.json" \
-      --budget-s ${PARITY_BUDGET:-120} --stop-after-s $(( ${PARITY_LIMIT:-330} - 45 )) --llm-args '{"dtype": "bfloat16", "max_model_len": 2560,
-      "gpu_memory_utilization": 0.25, "max_num_batched_tokens": 8192}' \
+      ${PARITY_SHAPES:+--shapes $PARITY_SHAPES} ${PARITY_ROUNDS:+--rounds $PARITY_ROUNDS} \
+      --budget-s ${PARITY_BUDGET:-120} --stop-after-s $(( ${PARITY_LIMIT:-330} - 45 )) --llm-args "$parity_llm_args" \
       > "$out/forward-parity.log" 2>&1
     echo "   exit $? ($(date +%T))"; grep -A12 "^[0-9]* rounds" "$out/forward-parity.log"
     gpu_leftovers ;;

@@ -157,7 +157,7 @@ def test_forward_parity_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> No
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["settings"]["rounds"] == 2
+    assert report["settings"]["rounds"] == 2 and report["settings"]["prefill_reps"] == 2
     assert set(report["shapes"]) == {"decode:1", "decode:4", "prefill:1x64"}
     for shape in report["shapes"].values():
         assert set(shape["forward_ms"]) == {"plugin", "llama_a", "llama_b"}
