@@ -101,7 +101,7 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
     idle_before = idle_value()
 
     busy: list[float] = []
-    with BusyEngine(vllm_server, IN_FLIGHT) as load:
+    with BusyEngine(vllm_server, IN_FLIGHT, stream=False) as load:
 
         def above() -> bool:
             if load.errors:
