@@ -134,10 +134,11 @@ def live(
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")
     assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
-    # Four staggered streams: the drain ends "idle" after two idle polls 0.5 s apart, and with
-    # two streams one CI run saw that (both between requests at both polls, on a loaded
-    # machine); four leave no such gap.
-    with BusyEngine(vllm_server, threads=4):
+    # Plain (not streamed) long completions: the drain ends "idle" after two polls 0.5 s apart
+    # that see nothing running or waiting, and under streamed load vLLM's API server falls
+    # behind on two cores, so its engine finishes the requests and idles while the clients
+    # are still receiving (one CI run's drain ended "idle" that way).
+    with BusyEngine(vllm_server, threads=4, stream=False):
         _wait_running(vllm_server.url)
         r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
     assert r.status_code == 200 and r.json()["outcome"] == "timeout", r.text
