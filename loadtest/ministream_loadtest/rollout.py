@@ -171,7 +171,6 @@ class Rollout:
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened
-        self.endpoint_lags: dict[str, float] = {}  # terminating pod -> its endpoint lag
         self.replacements: list[dict[str, Any]] = []  # per replacement: pods, drain, times
         self.threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
@@ -181,9 +180,6 @@ class Rollout:
         self._engine: EngineProcess | None = None
         self._records: list[RequestRecord] = []
 
-    def _drain_summary(self) -> str:
-        return drain_summary(self.restarts, self.controls)
-
     def rel(self, t: float | None) -> float | None:
         return None if t is None else round(t - self.t0, 3)
 
@@ -192,11 +188,13 @@ class Rollout:
         owner = self.slot_owner.get(slot.index)
         return owner is None or (
             owner.exited
-            and (
-                owner.name in self.released
-                or math.isinf(self.endpoint_lags.get(owner.name, self.cfg.endpoint_lag))
-            )
+            and (owner.name in self.released or math.isinf(self._endpoint_lag(owner.name)))
         )
+
+    def _endpoint_lag(self, pod_name: str) -> float:
+        """The endpoint lag planned for `pod_name`'s replacement (the default if none)."""
+        planned = (rep["endpoint_lag"] for rep in self.replacements if rep["old"] == pod_name)
+        return next(planned, self.cfg.endpoint_lag)
 
     def _wait_free_slot(self, timeout: float) -> Slot:
         deadline = time.monotonic() + timeout
@@ -242,8 +240,6 @@ class Rollout:
         return False, self.cfg.endpoint_lag if lag is None else lag
 
     def _terminate_async(self, pod: Pod, drain: bool, endpoint_lag: float) -> None:
-        self.endpoint_lags[pod.name] = endpoint_lag
-
         def endpoint_removal() -> None:
             if not math.isinf(endpoint_lag):
                 time.sleep(endpoint_lag)
@@ -293,7 +289,7 @@ class Rollout:
         self.watcher = StateWatcher(self.haproxy).start()
         _say(
             f"HAProxy on {self.haproxy.url}; {len(self.slots)} slots, rollout mode "
-            f"{self.mode}, {self._drain_summary()}; logs in "
+            f"{self.mode}, {drain_summary(self.restarts, self.controls)}; logs in "
             f"{self.workdir}"
         )
         old = []
@@ -339,22 +335,23 @@ class Rollout:
         for i in range(self.restarts):
             old_pod = old[i]
             drain, lag = self._plan(i)
+            new_name = f"v2-{i}"
             self.replacements.append(
                 {
                     "old": old_pod.name,
-                    "new": f"v2-{i}",
+                    "new": new_name,
                     "drain": drain,
                     "endpoint_lag": lag,
                     "start": t_start if i == 0 else time.perf_counter(),
                 }
             )
             if self.mode == "surge":
-                new = self._create_pod(f"v2-{i}", self._wait_free_slot(cfg.startup_timeout))
+                new = self._create_pod(new_name, self._wait_free_slot(cfg.startup_timeout))
                 self._wait_pod_ready(new)
                 self._terminate_async(old_pod, drain, lag)
             else:
                 self._terminate_async(old_pod, drain, lag)
-                new = self._create_pod(f"v2-{i}", self._wait_free_slot(cfg.startup_timeout))
+                new = self._create_pod(new_name, self._wait_free_slot(cfg.startup_timeout))
                 self._wait_pod_ready(new)
         for thread in self.threads:
             while thread.is_alive():

@@ -163,6 +163,12 @@ class PrometheusServer:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """`expr` evaluated at every `step` seconds from `start` to `end` (a matrix)."""
+        data = self.api("query_range", query=expr, start=start, end=end, step=step)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
     def names(self) -> set[str]:
         """Every metric name Prometheus has stored (what the scrapes really exported)."""
         return set(self.api("label/__name__/values"))

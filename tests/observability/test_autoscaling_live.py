@@ -102,22 +102,27 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
 
     busy: list[float] = []
     with BusyEngine(vllm_server, IN_FLIGHT, stream=False) as load:
+        loaded = time.time()
 
         def above() -> bool:
-            if load.errors:
-                raise load.errors[0]
-            value = _value(prom, query)
-            if value is not None:
-                busy.append(value)
-            return value is not None and value > THRESHOLD
+            """Whether the query, evaluated at every second of the load so far, has been above
+            the threshold. Each evaluation reads the latest scrape, as a KEDA poll at that
+            instant would. Single instant queries missed it: on two cores one took up to 27 s
+            to answer, and a wait of 190 s read 22 instants, 15 of them 0."""
+            load.check()
+            series = prom.query_range(query, loaded, time.time(), 1)
+            assert len(series) <= 1, series  # one sample per instant, as KEDA requires
+            busy[:] = [float(v) for _, v in series[0]["values"]] if series else []
+            return any(v > THRESHOLD for v in busy)
 
         wait_until(
             above,
             180,
-            0.5,
+            2,
             what=f"the signal above {THRESHOLD} under load",
-            detail=lambda: f"values seen: {busy[-20:]}",
+            detail=lambda: f"values read since the load began: {sorted(set(busy))}",
         )
+        crossed_after = time.time() - loaded
         running, waiting = request_counts(vllm_server.url)
 
         # The HPA engine's path reads the same signal: the per-pod metric prometheus-adapter
@@ -139,10 +144,13 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
     record_property("requests_per_replica_idle_before", idle_before)
     record_property("requests_per_replica_busy_peak", peak)
     record_property("requests_per_replica_idle_after", idle_after)
+    record_property("seconds_to_cross", round(crossed_after, 1))
     print(
         f"\nrequests per replica: idle {idle_before:g}, busy peak {peak:g} "
         f"(threshold {THRESHOLD}, {IN_FLIGHT} clients; vLLM then had {running:g} running, "
-        f"{waiting:g} waiting), idle again {idle_after:g}"
+        f"{waiting:g} waiting), idle again {idle_after:g}; above the threshold "
+        f"{crossed_after:.0f} s into the load, at {sum(v > THRESHOLD for v in busy)} of "
+        f"{len(busy)} instants"
     )
     assert idle_before < THRESHOLD < peak and idle_after < THRESHOLD
     assert idle_before == idle_after == 0
