@@ -14,7 +14,8 @@
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
-#     (engine core forked, not spawned) and the pseudo-variant importprofile; NAME.N repeats NAME; each
+#     (engine core forked, not spawned), chart-graphs64-seeded and the pseudo-variant
+#     importprofile; HIDE_HOST_PACKAGES=1 starts without the host-only packages; NAME.N repeats NAME; each
 #     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
 #     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
 #     run, default 200): a fresh-cache start took > 95 s on 2026-12-01, give it >= 180.
@@ -119,6 +120,18 @@ case "$step" in
     if compgen -G '.whl/*.whl' >/dev/null && ! python3 -c "import uvicorn" 2>/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     fi
+    if [ "${HIDE_HOST_PACKAGES:-0}" = 1 ]; then
+      # Starts as if the GPU host's Python lacked packages it has only because its image has
+      # them (run6/import-profile.json: 3.5 s of self time): each is marked absent in
+      # sys.modules, so `import` fails and importlib.util.find_spec returns None, as for a
+      # package that is not installed. Every process of the server (forked or spawned)
+      # runs this sitecustomize first. Run 12: every such start failed, because vLLM
+      # 0.25.1's kernel warmup imports torchvision (docs/results/h200/run12/calls.txt).
+      mkdir -p /tmp/hide
+      printf 'import sys\nfor _n in %s:\n    sys.modules.setdefault(_n, None)\n' \
+        "('scipy', 'torchvision', 'pandas', 'pyarrow', 'cv2', 'sklearn')" > /tmp/hide/sitecustomize.py
+      export PYTHONPATH=/tmp/hide:$PYTHONPATH
+    fi
     for v in ${COLD:?COLD=\"variant ...\"}; do
       if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${COLD_LIMIT:-200} )) -gt "$DEADLINE" ]; then
         echo "skipped $v: too close to DEADLINE"; continue
@@ -143,6 +156,13 @@ case "$step" in
           [ "${v%-pyc}" = chart-fork-seeded ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
         chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
                            --extra-arg=--max-cudagraph-capture-size=64) ;;
+        chart-graphs64-seeded)  # chart-graphs64's cache, packed and unpacked at a new path
+          python3 -m ministream.cli compile-cache pack --cache-root /tmp/cc/g64 --model $M/gpu-1b \
+            --out /tmp/cc/g64.tar > "$out/compile-cache-pack-g64.json" 2>&1
+          rm -rf /tmp/cc/g64seeded; python3 -m ministream.cli compile-cache unpack --archive /tmp/cc/g64.tar \
+            --cache-root /tmp/cc/g64seeded --model $M/gpu-1b > "$out/compile-cache-unpack-g64.json" 2>&1
+          grep -h '"seeded"\|"bytes"\|"seconds"' "$out"/compile-cache-*-g64.json
+          a=(--mode chart --cache-root /tmp/cc/g64seeded --extra-arg=--max-cudagraph-capture-size=64) ;;
         chart-graphs64-warm)  # chart-graphs64 again, on the cache its last run filled
           a=(--mode chart --cache-root /tmp/cc/g64 --extra-arg=--max-cudagraph-capture-size=64) ;;
         chart-fork-fresh)  # the engine core forked from the API server, not spawned
