@@ -64,6 +64,16 @@ for root in sys.argv[1:]:
 PY
 }
 
+seed_cache() {  # from, to, report suffix: `ministream compile-cache` packs /tmp/cc/FROM,
+  # checks and unpacks it at /tmp/cc/TO (as an init container would from the model's storage)
+  local from=/tmp/cc/$1 to=/tmp/cc/$2 sfx=$3
+  python3 -m ministream.cli compile-cache pack --cache-root $from --model $M/gpu-1b \
+    --out $from.tar > "$out/compile-cache-pack$sfx.json" 2>&1
+  rm -rf $to; python3 -m ministream.cli compile-cache unpack --archive $from.tar \
+    --cache-root $to --model $M/gpu-1b > "$out/compile-cache-unpack$sfx.json" 2>&1
+  grep -h '"seeded"\|"bytes"\|"seconds"' "$out/compile-cache-pack$sfx.json" "$out/compile-cache-unpack$sfx.json"
+}
+
 gpu_leftovers() {  # engine cores of a killed run of ours would hold GPU memory: end them
   sleep 2
   for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
@@ -145,23 +155,14 @@ case "$step" in
         pyc)  # precompile vLLM's bytecode into the install, as an image build step would
           t=$SECONDS; python3 -m compileall -q -j 16 /tmp/site > "$out/compileall.log" 2>&1
           echo "compileall: exit $? in $((SECONDS - t)) s" | tee -a "$out/compileall.log"; continue ;;
-        chart-seeded|chart-fork-seeded)  # ministream compile-cache: pack chart's cache, check +
-          # unpack it elsewhere (as an init container would from the model's storage)
-          python3 -m ministream.cli compile-cache pack --cache-root /tmp/cc/chart --model $M/gpu-1b \
-            --out /tmp/cc/chart.tar > "$out/compile-cache-pack.json" 2>&1
-          rm -rf /tmp/cc/seeded; python3 -m ministream.cli compile-cache unpack --archive /tmp/cc/chart.tar \
-            --cache-root /tmp/cc/seeded --model $M/gpu-1b > "$out/compile-cache-unpack.json" 2>&1
-          grep -h '"seeded"\|"bytes"\|"seconds"' "$out"/compile-cache-*.json
+        chart-seeded|chart-fork-seeded)  # chart's cache, packed and unpacked at a new path
+          seed_cache chart seeded ""
           a=(--mode chart --cache-root /tmp/cc/seeded)
           [ "${v%-pyc}" = chart-fork-seeded ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
         chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
                            --extra-arg=--max-cudagraph-capture-size=64) ;;
         chart-graphs64-seeded)  # chart-graphs64's cache, packed and unpacked at a new path
-          python3 -m ministream.cli compile-cache pack --cache-root /tmp/cc/g64 --model $M/gpu-1b \
-            --out /tmp/cc/g64.tar > "$out/compile-cache-pack-g64.json" 2>&1
-          rm -rf /tmp/cc/g64seeded; python3 -m ministream.cli compile-cache unpack --archive /tmp/cc/g64.tar \
-            --cache-root /tmp/cc/g64seeded --model $M/gpu-1b > "$out/compile-cache-unpack-g64.json" 2>&1
-          grep -h '"seeded"\|"bytes"\|"seconds"' "$out"/compile-cache-*-g64.json
+          seed_cache g64 g64seeded -g64
           a=(--mode chart --cache-root /tmp/cc/g64seeded --extra-arg=--max-cudagraph-capture-size=64) ;;
         chart-graphs64-warm)  # chart-graphs64 again, on the cache its last run filled
           a=(--mode chart --cache-root /tmp/cc/g64 --extra-arg=--max-cudagraph-capture-size=64) ;;

@@ -64,14 +64,17 @@ def trigger() -> dict[str, Any]:
     return t
 
 
+def _keda_series(result: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one series of a query result, as KEDA's Prometheus scaler requires (kedacore/keda
+    v2.20.2 pkg/scalers/prometheus_scaler.go: "returned multiple elements"); None: no data."""
+    assert len(result) <= 1, result
+    return result[0] if result else None
+
+
 def _value(prom: PrometheusServer, query: str) -> float | None:
-    """The query's value as KEDA's Prometheus scaler reads it: it requires exactly one sample
-    (kedacore/keda v2.20.2 pkg/scalers/prometheus_scaler.go: "returned multiple elements")."""
-    result = prom.query(query)
-    if not result:
-        return None
-    assert len(result) == 1, result
-    return float(result[0]["value"][1])
+    """The query's value as KEDA's Prometheus scaler reads it."""
+    series = _keda_series(prom.query(query))
+    return None if series is None else float(series["value"][1])
 
 
 def _adapter_query(signal_index: int) -> str:
@@ -110,9 +113,8 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
             instant would. Single instant queries missed it: on two cores one took up to 27 s
             to answer, and a wait of 190 s read 22 instants, 15 of them 0."""
             load.check()
-            series = prom.query_range(query, loaded, time.time(), 1)
-            assert len(series) <= 1, series  # one sample per instant, as KEDA requires
-            busy[:] = [float(v) for _, v in series[0]["values"]] if series else []
+            series = _keda_series(prom.query_range(query, loaded, time.time(), 1))
+            busy[:] = [float(v) for _, v in series["values"]] if series else []
             return any(v > THRESHOLD for v in busy)
 
         wait_until(
