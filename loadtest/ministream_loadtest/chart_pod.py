@@ -3,8 +3,8 @@
 The rolling-restart experiment restarts replicas exactly as the chart's objects say, so
 every number and command here is taken from the Deployment that `helm template` renders
 from the chart (the one that users install), never recomputed: the grace period, the
-preStop hook's command, vLLM's `--shutdown-timeout`, the readiness and liveness probes, the rollout
-strategy, and the sidecar's `MINISTREAM_SIDECAR_*` settings.
+preStop hook's command, vLLM's `--shutdown-timeout`, the startup, readiness and liveness
+probes, the rollout strategy, and the sidecar's `MINISTREAM_SIDECAR_*` settings.
 
 Finding the chart and helm: `--chart` (default `./charts/ministream`, i.e. run from a
 checkout of the project) and `--helm` (default: `helm` on PATH, else the project's
@@ -25,8 +25,11 @@ import yaml
 
 DEFAULT_CHART = Path("charts/ministream")
 _LOCAL_HELM = Path(".tools/bin/helm")
-# Kubernetes' default readiness successThreshold, used when the probe does not set one.
+# Kubernetes' defaults for probe fields the chart leaves unset (the API server fills them in).
 _K8S_DEFAULT_SUCCESS_THRESHOLD = 1
+_K8S_DEFAULT_PERIOD_SECONDS = 10
+_K8S_DEFAULT_TIMEOUT_SECONDS = 1
+_K8S_DEFAULT_FAILURE_THRESHOLD = 3
 # Pod wiring that each local pod sets for itself (ports and paths differ per pod on one
 # machine).
 _POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME", "STARTUP_LOG"}
@@ -62,6 +65,24 @@ class ChartError(Exception):
     """The chart could not be found, or helm could not render it."""
 
 
+ProbeKind = Literal["startup", "liveness", "readiness"]
+ProbeTarget = Literal["api", "sidecar"]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One rendered probe of the vLLM container, with Kubernetes' defaults filled in."""
+
+    kind: ProbeKind
+    path: str
+    target: ProbeTarget  # "api": vLLM's port; "sidecar": the sidecar's port
+    period_seconds: float
+    timeout_seconds: float
+    failure_threshold: int
+    success_threshold: int = _K8S_DEFAULT_SUCCESS_THRESHOLD
+    initial_delay_seconds: float = 0.0
+
+
 @dataclass(frozen=True)
 class ChartPod:
     """What the rendered Deployment says about one serving pod and the rollout."""
@@ -77,14 +98,15 @@ class ChartPod:
     # The rendered vLLM arguments a local pod passes too: all but the pod's wiring and the
     # hardware (POD_VLLM_FLAGS), e.g. --shutdown-timeout, --max-num-queued-reqs, extraArgs.
     vllm_args: tuple[str, ...]
-    readiness_period_seconds: int
-    readiness_timeout_seconds: int
-    readiness_failure_threshold: int
-    readiness_success_threshold: int
-    liveness_period_seconds: int
-    liveness_timeout_seconds: int
-    liveness_failure_threshold: int
+    startup_probe: ProbeSpec
+    liveness_probe: ProbeSpec
+    readiness_probe: ProbeSpec
     sidecar_settings: dict[str, str]  # MINISTREAM_SIDECAR_* plain values, pod wiring removed
+
+    @property
+    def probes(self) -> tuple[ProbeSpec, ProbeSpec, ProbeSpec]:
+        """startup, liveness, readiness: the kubelet runs the last two once the first passed."""
+        return (self.startup_probe, self.liveness_probe, self.readiness_probe)
 
     def setting(self, name: str) -> str:
         """A sidecar setting by its Python name, e.g. `drain_min_seconds`."""
@@ -170,6 +192,29 @@ def _without_pod_flags(args: list[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def _probe(kind: ProbeKind, container: dict[str, Any]) -> ProbeSpec:
+    """The container's `<kind>Probe`, with the API server's defaults for unset fields (period
+    10 s, timeout 1 s, failure threshold 3, success threshold 1, no initial delay)."""
+    probe = container.get(f"{kind}Probe")
+    if not probe or "httpGet" not in probe:
+        raise ChartError(f"the rendered vllm container has no HTTP {kind}Probe")
+    port = probe["httpGet"]["port"]
+    named = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    # A named port is one of the vLLM container's own (vLLM's API); a number that is not one
+    # of them is the sidecar's, which shares the pod's network namespace.
+    own = isinstance(port, str) or port in named.values()
+    return ProbeSpec(
+        kind=kind,
+        path=probe["httpGet"].get("path", "/"),
+        target="api" if own else "sidecar",
+        period_seconds=float(probe.get("periodSeconds", _K8S_DEFAULT_PERIOD_SECONDS)),
+        timeout_seconds=float(probe.get("timeoutSeconds", _K8S_DEFAULT_TIMEOUT_SECONDS)),
+        failure_threshold=int(probe.get("failureThreshold", _K8S_DEFAULT_FAILURE_THRESHOLD)),
+        success_threshold=int(probe.get("successThreshold", _K8S_DEFAULT_SUCCESS_THRESHOLD)),
+        initial_delay_seconds=float(probe.get("initialDelaySeconds", 0)),
+    )
+
+
 def _mode(max_surge: int, max_unavailable: int) -> RolloutMode:
     if max_surge >= 1 and max_unavailable == 0:
         return "surge"
@@ -191,7 +236,6 @@ def chart_pod(
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
     vllm, sidecar = _container(pod, "vllm"), _container(pod, "sidecar")
-    readiness, liveness = vllm["readinessProbe"], vllm["livenessProbe"]
     rolling = spec["strategy"]["rollingUpdate"]
     max_surge, max_unavailable = int(rolling["maxSurge"]), int(rolling["maxUnavailable"])
     settings = {
@@ -211,14 +255,8 @@ def chart_pod(
         prestop_command=tuple(vllm["lifecycle"]["preStop"]["exec"]["command"]),
         vllm_shutdown_timeout_seconds=int(_flag(vllm["args"], "--shutdown-timeout")),
         vllm_args=_without_pod_flags(vllm["args"]),
-        readiness_period_seconds=int(readiness["periodSeconds"]),
-        readiness_timeout_seconds=int(readiness["timeoutSeconds"]),
-        readiness_failure_threshold=int(readiness["failureThreshold"]),
-        readiness_success_threshold=int(
-            readiness.get("successThreshold", _K8S_DEFAULT_SUCCESS_THRESHOLD)
-        ),
-        liveness_period_seconds=int(liveness["periodSeconds"]),
-        liveness_timeout_seconds=int(liveness["timeoutSeconds"]),
-        liveness_failure_threshold=int(liveness["failureThreshold"]),
+        startup_probe=_probe("startup", vllm),
+        liveness_probe=_probe("liveness", vllm),
+        readiness_probe=_probe("readiness", vllm),
         sidecar_settings=settings,
     )

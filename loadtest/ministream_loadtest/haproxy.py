@@ -87,14 +87,15 @@ def render_config(
     enabled: set[int],
     probe: ChartPod,
 ) -> str:
+    readiness = probe.readiness_probe
     servers = []
     for slot in slots:
         disabled = "" if slot.index in enabled else " disabled"
         servers.append(
             f"  server {slot.server} {slot.host}:{slot.api_port} check port {slot.sidecar_port} "
-            f"inter {probe.readiness_period_seconds}s "
-            f"fall {probe.readiness_failure_threshold} "
-            f"rise {probe.readiness_success_threshold}{disabled}"
+            f"inter {readiness.period_seconds:g}s "
+            f"fall {readiness.failure_threshold} "
+            f"rise {readiness.success_threshold}{disabled}"
         )
     return "\n".join(
         [
@@ -126,7 +127,7 @@ def render_config(
             "  balance roundrobin",
             "  option httpchk GET /readyz",
             "  http-check expect status 200",
-            f"  timeout check {probe.readiness_timeout_seconds}s",
+            f"  timeout check {readiness.timeout_seconds:g}s",
             *servers,
             "",
         ]

@@ -1,6 +1,6 @@
 """Overload: one pod driven at 1x, 2x and 5x its measured capacity, its probes replayed.
 
-What it answers (issue 15): does a saturated pod keep its liveness and readiness, or would
+What it answers: does a saturated pod keep its liveness and readiness, or would
 the kubelet restart a healthy-but-busy engine (and unready it), moving its queue onto the
 other pods? The pod is the chart's (vLLM + sidecar, the rendered sidecar settings, as in the
 rollout experiment); the kubelet's probes are replayed against its sidecar with the rendered
@@ -35,7 +35,7 @@ from .chart_pod import ChartPod, chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
 from .haproxy import Slot, free_port
-from .probes import Prober, chart_probes
+from .probes import PodProbes
 from .records import latency_summary, load_records
 from .reports import write_json
 
@@ -103,6 +103,7 @@ class Overload:
             log_dir=self.workdir / "logs",
         )
         self.pod = Pod("overload", Slot(0, free_port(), free_port()), self.template)
+        self.probes: PodProbes | None = None
 
     def spec(self, label: str, **kwargs: Any) -> LoadSpec:
         cfg = self.cfg
@@ -150,14 +151,13 @@ class Overload:
         spec = self.spec(
             label, num_prompts=max(1, round(rate * cfg.level_seconds)), request_rate=rate
         )
+        assert self.probes is not None
         before = _sidecar_counters(self.pod)
-        probers = [Prober(self.pod.sidecar_url, p).start() for p in chart_probes(self.chart)]
-        began = time.monotonic()
-        try:
-            result = self._engine(label, spec)
-        finally:
-            logs = {p.log.spec.kind: p.stop().summary() for p in probers}
-        duration = time.monotonic() - began
+        began = self.probes.now()
+        result = self._engine(label, spec)
+        ended = self.probes.now()
+        logs = self.probes.summary(began, ended)
+        duration = ended - began
         after = _sidecar_counters(self.pod)
         health = httpx.get(f"{self.pod.api_url}/health", timeout=30).status_code
         records = load_records(result, expected_output_len=cfg.output_tokens)
@@ -188,6 +188,13 @@ class Overload:
         self.workdir.mkdir(parents=True, exist_ok=True)
         print(f"starting the pod (logs in {self.template.log_dir})", file=sys.stderr, flush=True)
         self.pod.start()
+        # The kubelet probes from the container's start: startup first, then the other two.
+        self.probes = PodProbes.for_chart(
+            self.chart,
+            {"api": self.pod.api_url, "sidecar": self.pod.sidecar_url},
+            started_at=self.pod.events["created"],
+            clock=self.pod.clock,
+        ).start()
         try:
             ready_at = self.pod.wait_ready(cfg.startup_timeout)
             print(f"ready after {ready_at - self.pod.events['created']:.1f}s", file=sys.stderr)
@@ -199,6 +206,7 @@ class Overload:
                 levels.append(self.level(multiple, capacity["requests_per_s"]))
                 print(summary_line(levels[-1]), file=sys.stderr, flush=True)
         finally:
+            logs = self.probes.stop()
             self.pod.kill()
         report = {
             "config": {
@@ -208,7 +216,16 @@ class Overload:
                 "model": cfg.model,
             },
             "chart_pod": self.chart.as_dict(),
-            "probes": [asdict(p) for p in chart_probes(self.chart)],
+            "probes": [asdict(p) for p in self.chart.probes],
+            "probe_replay": "kubelet: one deadline per probe over connect, request and answer",
+            "startup": {
+                "ready_seconds": round(ready_at - self.pod.events["created"], 1),
+                "probes": {
+                    k: log.summary(0, ready_at - self.pod.events["created"])
+                    for k, log in logs.items()
+                },
+            },
+            "whole_run": {k: log.summary() for k, log in logs.items()},
             "capacity": capacity,
             "levels": levels,
             "goal_met": all(goal_met(level) for level in levels),
@@ -218,7 +235,7 @@ class Overload:
 
 
 def goal_met(level: dict[str, Any]) -> bool:
-    """Issue 15's goal for a level: no liveness failure, no readiness flip, vLLM healthy."""
+    """The overload goal for a level: no liveness failure, no readiness flip, vLLM healthy."""
     probes = level["probes"]
     return (
         probes["liveness"]["failures"] == 0
@@ -244,7 +261,7 @@ def table(report: dict[str, Any]) -> str:
     """The report as a Markdown table (docs/benchmarks.md)."""
     rows = [
         "| load | sent | ok | timed out | rejected | TTFT p50 / p99 ms | liveness failures "
-        "(restarts) | readiness flips | probe p99 ms (live / ready) | busy checks |",
+        "(restarts) | readiness failures (flips) | probe p99 ms (live / ready) | busy checks |",
         "|---|---:|---:|---:|---:|---|---:|---:|---|---:|",
     ]
     for lv in report["levels"]:
@@ -253,7 +270,8 @@ def table(report: dict[str, Any]) -> str:
             f"| {lv['multiple']:g}x ({lv['rate_per_s']:.2f}/s) | {lv['sent']} | {lv['succeeded']} "
             f"| {lv['timed_out']} | {lv['rejected']} | {ttft['p50']} / {ttft['p99']} "
             f"| {p['liveness']['failures']} ({p['liveness']['restarts']}) "
-            f"| {p['readiness']['flips']} | {p['liveness']['latency_ms']['p99']} / "
+            f"| {p['readiness']['failures']} ({p['readiness']['flips']}) "
+            f"| {p['liveness']['latency_ms']['p99']} / "
             f"{p['readiness']['latency_ms']['p99']} | {lv['sidecar']['upstream_busy_checks']:g} |"
         )
     return "\n".join(rows)

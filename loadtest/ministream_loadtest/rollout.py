@@ -100,7 +100,7 @@ def max_load_seconds(
     per_pod = (
         startup_timeout
         + chart.termination_grace_period_seconds
-        + 2 * chart.readiness_period_seconds
+        + 2 * chart.readiness_probe.period_seconds
     )
     return lead_in + restarts * per_pod + tail
 

@@ -133,7 +133,7 @@ def test_the_experiment_takes_its_pod_from_helm_template() -> None:
     )
     assert (base.rollout_mode, base.max_surge, base.max_unavailable) == ("surge", 1, 0)
     assert (pod.rollout_mode, pod.max_surge, pod.max_unavailable) == ("inPlace", 0, 1)
-    assert pod.readiness_period_seconds == 1 and pod.readiness_success_threshold == 1
+    assert pod.readiness_probe.period_seconds == 1 and pod.readiness_probe.success_threshold == 1
     # Timing settings pass to the sidecar; each local pod wires host, port and URL itself.
     assert pod.setting("drain_timeout_seconds") == "90"
     assert "MINISTREAM_SIDECAR_WARMUP_REQUESTS" in pod.sidecar_settings
@@ -386,10 +386,10 @@ def test_haproxy_config_is_accepted(tmp_path: Path) -> None:
     )
     text = cfg.read_text()
     assert (
-        f"inter {probe.readiness_period_seconds}s fall "
-        f"{probe.readiness_failure_threshold} rise 1" in text
+        f"inter {probe.readiness_probe.period_seconds:g}s fall "
+        f"{probe.readiness_probe.failure_threshold} rise 1" in text
     )
-    assert f"timeout check {probe.readiness_timeout_seconds}s" in text
+    assert f"timeout check {probe.readiness_probe.timeout_seconds:g}s" in text
     check = subprocess.run([find_haproxy(), "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
