@@ -11,11 +11,19 @@ the lines into phases; the result goes to OUT/NAME.json and the stamped log to O
     python scripts/gpu/cold_start.py run --name chart-fresh --mode chart --model DIR \
         --out OUT --cache-root /tmp/cache/a --fresh-cache
     python scripts/gpu/cold_start.py table OUT      # markdown table of every run in OUT
+    python scripts/gpu/cold_start.py summary OUT... # per variant: median [min–max] per phase
 
 Caches: `--cache-root` is VLLM_CACHE_ROOT (Triton's cache inside it, as the chart sets
 it); `--fresh-cache` empties it first (a node that never ran the model);
 `--seed-cache-from DIR` first copies DIR's contents there (compile artifacts brought from
 elsewhere). TorchInductor's own cache always starts empty (in a pod it lives in /tmp).
+`--prefetch PATH` (repeatable) starts a reader of every file under PATH at the same moment
+as the server (as a container command could: `(cat FILES >/dev/null &); exec vllm ...`),
+so the weights and compile cache reach the page cache while Python imports.
+
+Every result carries the provenance block (ministream_testkit.provenance: commit, command,
+machine, versions, and whether torch/vLLM had bytecode as this process sees it; the server
+inherits this process's environment, so PYTHONPYCACHEPREFIX set here applies to both).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +46,7 @@ from typing import Any
 
 from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar.startup_phases import PHASES, parse
+from ministream_testkit.provenance import stamp
 
 HERE = Path(__file__).resolve().parent
 
@@ -137,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
     lines: list[tuple[float, str]] = []
     t0 = time.time()
+    prefetch = _start_prefetch(args.prefetch)
     proc = subprocess.Popen(
         argv,
         env=env,
@@ -163,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         "env_overrides": env_over | dict(e.partition("=")[::2] for e in args.env),
         "cache_root": str(cache),
         "seed_cache_from": args.seed_cache_from,
+        "prefetch": {"paths": args.prefetch} if args.prefetch else None,
     }
     try:
         while time.time() - t0 < args.timeout:
@@ -198,10 +210,13 @@ def run(args: argparse.Namespace) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         thread.join(timeout=5)
+        if prefetch is not None:
+            result["prefetch"]["done_s"] = _finish_prefetch(prefetch, t0)
         shutil.rmtree(scratch, ignore_errors=True)
     result |= parse(lines, health_ok=health_ok, ready=ready)
     result["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
     (out / f"{args.name}.log").write_text("".join(f"{t:9.3f} {s}\n" for t, s in lines))
+    result = stamp(result)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     ph = result["phases"]
     print(
@@ -216,6 +231,29 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _start_prefetch(paths: list[str]) -> subprocess.Popen[bytes] | None:
+    """A reader of every file under `paths` (page cache fill), started beside the server."""
+    if not paths:
+        return None
+    reader = 'find "$@" -type f -exec cat {} + > /dev/null; date +%s.%N'
+    return subprocess.Popen(
+        ["sh", "-c", reader, "prefetch", *paths],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _finish_prefetch(proc: subprocess.Popen[bytes], t0: float) -> float | None:
+    """Seconds after the server's start at which the reader finished (None: it did not)."""
+    try:
+        out, _ = proc.communicate(timeout=60)
+        return round(float(out.decode().split()[-1]) - t0, 3)
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        proc.kill()
+        return None
+
+
 def _f(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
@@ -225,16 +263,91 @@ def table(args: argparse.Namespace) -> int:
     runs = [r for r in runs if "phases" in r and "name" in r]
     order = {name: i for i, name in enumerate(args.order.split(","))} if args.order else {}
     runs.sort(key=lambda r: order.get(r["name"], len(order)))
-    print("| run | " + " | ".join(TABLE_PHASES) + " | health OK | Ready | compile cache |")
-    print("|---|" + "---:|" * (len(TABLE_PHASES) + 2) + "---|")
+    print(
+        "| run | "
+        + " | ".join(TABLE_PHASES)
+        + " | health OK | Ready | after imports | compile cache |"
+    )
+    print("|---|" + "---:|" * (len(TABLE_PHASES) + 3) + "---|")
     for r in runs:
         ph, ev = r["phases"], r["events"]
         print(
             f"| {r['name']} | "
             + " | ".join(_f(ph.get(k)) for k in TABLE_PHASES)
             + f" | {_f(ev.get('health_ok'))} | {_f(ev.get('ready'))} | "
+            + f"{_f(_after_imports(r))} | "
             + ("hit" if r.get("compile_cache_hit") else "miss")
             + " |"
+        )
+    return 0
+
+
+def _after_imports(run: dict[str, Any]) -> float | None:
+    """Ready minus the API server's imports: the part of a start that imports do not set."""
+    ready, imports = run["events"].get("ready"), run["phases"].get("imports")
+    return None if ready is None or imports is None else ready - imports
+
+
+def variant_of(name: str) -> str:
+    """A run's variant: its name without the repeat marker (`chart-warm.2-fork` ->
+    `chart-warm-fork`)."""
+    return re.sub(r"\.\d+(?=-|$)", "", name)
+
+
+def spread(values: list[float]) -> str:
+    """`median [min–max]` of a phase over a variant's starts (one value: that value)."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    values = sorted(values)
+    n = len(values)
+    median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return f"{median:.1f} [{values[0]:.1f}–{values[-1]:.1f}]"
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "imports",
+    "engine_core_start",
+    "weights",
+    "compile",
+    "profiling",
+    "graph_capture",
+    "engine_finish",
+    "api_server_up",
+    "health",
+    "warmup",
+)
+
+
+def summary(args: argparse.Namespace) -> int:
+    """Per variant over its repeats: n started, n ok, median [min–max] of each phase."""
+    runs = [json.loads(p.read_text()) for d in args.dirs for p in sorted(Path(d).rglob("*.json"))]
+    runs = [r for r in runs if "phases" in r and "name" in r and "events" in r]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: r.get("provenance", {}).get("created", "")):
+        groups.setdefault(variant_of(r["name"]), []).append(r)
+    order = args.order.split(",") if args.order else []
+    keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
+    print(
+        "| variant | n ok/run | "
+        + " | ".join(SUMMARY_COLUMNS)
+        + " | **Ready** | after imports | compile cache hit |"
+    )
+    print("|---|---|" + "---:|" * (len(SUMMARY_COLUMNS) + 2) + "---|")
+    for key in keys:
+        ok = [r for r in groups[key] if r.get("ok")]
+        cells = [
+            spread([r["phases"][c] for r in ok if r["phases"].get(c) is not None])
+            for c in SUMMARY_COLUMNS
+        ]
+        ready = spread([r["events"]["ready"] for r in ok if r["events"].get("ready")])
+        after = spread([a for r in ok if (a := _after_imports(r)) is not None])
+        hits = sum(bool(r.get("compile_cache_hit")) for r in ok)
+        print(
+            f"| {key} | {len(ok)}/{len(groups[key])} | "
+            + " | ".join(cells)
+            + f" | **{ready}** | {after} | {hits}/{len(ok)} |"
         )
     return 0
 
@@ -256,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", choices=["chart", "none"], default="chart")
     p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
     p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
+    p.add_argument(
+        "--prefetch",
+        action="append",
+        default=[],
+        help="read every file under PATH beside the server",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health")
     p.add_argument(
         "--stop-timeout", type=float, default=20, help="seconds after SIGTERM before SIGKILL"
@@ -265,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("dir")
     t.add_argument("--order", default="", help="comma-separated run names, in this order")
     t.set_defaults(func=table)
+    s = sub.add_parser("summary", help="per variant: median [min-max] of each phase")
+    s.add_argument("dirs", nargs="+", help="folders searched for run JSON (recursively)")
+    s.add_argument("--order", default="", help="comma-separated variants, in this order")
+    s.set_defaults(func=summary)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

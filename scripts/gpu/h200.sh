@@ -14,11 +14,15 @@
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
-#     (engine core forked, not spawned), chart-graphs64-seeded and the pseudo-variant
-#     importprofile; HIDE_HOST_PACKAGES=1 starts without the host-only packages; NAME.N repeats NAME; each
-#     optionally NAME-pyc (same run, after the `pyc` pseudo-variant precompiled /tmp/site);
-#     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
-#     run, default 200): a fresh-cache start took > 95 s on 2026-12-01, give it >= 180.
+#     (engine core forked, not spawned), chart-graphs64-{fresh,seeded,warm} (capture size
+#     64), chart-kvb-{fresh,seeded,warm} (capture size 64 + --kv-cache-memory-bytes=KV_BYTES,
+#     sized below unless given) and the pseudo-variant importprofile;
+#     HIDE_HOST_PACKAGES=1 starts without the host-only packages; NAME.N repeats NAME;
+#     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
+#     the page cache first), NAME-prefetch (the model and cache root read beside the start),
+#     NAME-pyc (a name only, kept for older runs); DEADLINE=<epoch s> skips variants that
+#     could not finish before it; COLD_LIMIT (s per run, default 200), COLD_LIMIT_FRESH (s
+#     per *-fresh run, default COLD_LIMIT): a fresh-cache start took > 95 s on 2026-12-01.
 #     The API server needs packages ../shared/gpu does not pack: carry `.whl` (uvicorn,
 #     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
@@ -27,12 +31,31 @@
 # PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
 # ROUNDS and THROUGHPUT_LIMIT (seconds per shape) size the throughput step (6, 280);
 # SKIP_REFERENCE=1 skips the loaders step's fp32 reference runs.
-# Results: JSON + logs under $OUT; `python scripts/gpu/report.py DIR` renders the tables.
+# Results: each invocation of a step writes its own folder, OUT/<step>-<n>/ (n = the first
+# number not used yet in OUT), packed at its end into OUT/<step>-<n>.tgz (at most 8 files
+# come back from the machine), so two steps or two coldstart calls of one command never
+# overwrite each other; unpack them side by side and `python scripts/gpu/report.py DIR`
+# or `python scripts/gpu/cold_start.py summary DIR...` renders the tables.
+# Provenance: the GPU host has no .git, so pass the commit on the command line:
+#   MINISTREAM_COMMIT=$(git rev-parse HEAD) MINISTREAM_DIRTY=0|1 bash scripts/gpu/h200.sh ...
+# Every JSON a step writes carries the provenance block (ministream_testkit.provenance):
+# cold_start.py stamps its own (bytecode as its server sees it); the rest are stamped when
+# the step ends, and the step's folder holds step.json (step, settings, start and end).
+# Bytecode as the serving image has it: before its first timed work a step compiles the host
+# venv's packages (torch, sympy, networkx ship as .py only on the GPU host) and /tmp/site
+# (`compile_bytecode`, once per machine, time in bytecode.log; BYTECODE=0 skips it); a
+# coldstart variant NAME-nopyc starts with an empty PYTHONPYCACHEPREFIX, i.e. without any
+# bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|fp8|multi [OUT]}
-out=${2:-/tmp/out}
-mkdir -p "$out"
+base=${2:-/tmp/out}
+mkdir -p "$base"
+if [ "$step" = multi ]; then out=$base; else
+  n=1; while [ -e "$base/$step-$n" ] || [ -e "$base/$step-$n.tgz" ]; do n=$((n + 1)); done
+  out=$base/$step-$n; mkdir -p "$out"
+fi
+[ -n "${MINISTREAM_COMMIT:-}" ] || echo "warning: MINISTREAM_COMMIT unset: results carry no commit"
 M=$HOME/m
 # The plugin from the working tree, registered through a dist-info entry point so that
 # every vLLM process (engine core, workers) loads it as in production.
@@ -74,6 +97,66 @@ seed_cache() {  # from, to, report suffix: `ministream compile-cache` packs /tmp
   grep -h '"seeded"\|"bytes"\|"seconds"' "$out/compile-cache-pack$sfx.json" "$out/compile-cache-unpack$sfx.json"
 }
 
+compile_bytecode() {  # the .pyc files a serving image ships, written once per machine
+  [ "${BYTECODE:-1}" = 1 ] || return 0
+  local p t rc
+  p=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  for d in "$p" /tmp/site; do
+    [ -d "$d" ] && [ ! -e "$d/.ministream-bytecode" ] || continue
+    t=$(date +%s%N); python3 -m compileall -q -j 16 "$d" > /tmp/compileall.log 2>&1; rc=$?
+    echo "compileall $d: exit $rc in $(( ($(date +%s%N) - t) / 1000000 )) ms" | tee -a "$out/bytecode.log"
+    touch "$d/.ministream-bytecode"
+  done
+  python3 -c 'import json; from ministream_testkit.provenance import bytecode; print(json.dumps(bytecode()))' |
+    sed 's/^/bytecode: /' | tee -a "$out/bytecode.log"
+}
+
+stamp_results() {  # the provenance block in every JSON object of the step lacking one
+  MINISTREAM_COMMAND="h200.sh $step (stamped at the step's end)" python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+from ministream_testkit.provenance import KEY, stamp
+for path in sorted(Path(sys.argv[1]).rglob("*.json")):
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        continue  # a CLI's error output under a .json name: left as it is
+    if isinstance(data, dict) and KEY not in data:
+        path.write_text(json.dumps(stamp(data), indent=2) + "\n")
+PY
+}
+
+step_record() {  # OUT/<step>-<n>/step.json: the step, its settings, start and end
+  MINISTREAM_COMMAND="bash scripts/gpu/h200.sh $step $base" \
+    python3 - "$out/step.json" "$step" "$started" <<'PY'
+import json, os, sys, time
+from ministream_testkit.provenance import stamp
+keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES KV_RESERVE_MIB "
+        "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES REFERENCE").split()
+rec = {"step": sys.argv[2], "started": float(sys.argv[3]), "ended": time.time(),
+       "settings": {k: os.environ[k] for k in keys if k in os.environ}}
+open(sys.argv[1], "w").write(json.dumps(stamp(rec), indent=2) + "\n")
+PY
+}
+
+pack_step() {  # at exit, also after a signal: OUT/<step>-<n>.tgz, the folder removed
+  [ "$step" = multi ] && return
+  step_record; stamp_results
+  tar -czf "$base/$step-$n.tgz" -C "$base" "$step-$n" && rm -rf "$out"
+}
+started=$(date +%s.%N)
+trap pack_step EXIT
+trap 'exit 130' INT TERM
+
+wait_gpu_free() {  # the next start needs the whole GPU: wait for exiting engine cores
+  local i
+  for i in $(seq 1 30); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return 0
+    sleep 1
+  done
+  gpu_leftovers
+}
+
 gpu_leftovers() {  # engine cores of a killed run of ours would hold GPU memory: end them
   sleep 2
   for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
@@ -87,6 +170,7 @@ esac
 case "$step" in
   models)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    compile_bytecode  # the host venv now (every step below imports torch); /tmp/site later
     for preset in ${PRESETS:-seed gpu-1b}; do
       python3 -m ministream.cli demo --preset $preset --output $M/raw-$preset >/dev/null &&
       python3 -m ministream.cli convert --quiet --checkpoint $M/raw-$preset/model.pt \
@@ -123,13 +207,31 @@ case "$step" in
     # Each variant: one server start -> /health -> chart warmup -> SIGTERM (cold_start.py).
     # Caches live under /tmp/cc/<name>; "fresh" = empty, "seed:<name>" = a copy of another
     # run's cache at a new path (compile artifacts shipped to a node, no shared PVC).
-    export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
     # The API server needs packages the shared/gpu pack leaves out (it was made for
     # vllm.LLM): uvicorn, watchfiles, prometheus-fastapi-instrumentator, python-multipart,
     # model-hosting-container-standards (+ jmespath, supervisor). Carry them as .whl/.
     if compgen -G '.whl/*.whl' >/dev/null && ! python3 -c "import uvicorn" 2>/dev/null; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+      rm -f /tmp/site/.ministream-bytecode  # the new packages need their bytecode too
     fi
+    compile_bytecode
+    export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
+    # --kv-cache-memory-bytes as the chart would size it for one GPU (it does not yet):
+    #   KV = floor(GPU memory x gpu-memory-utilization (vLLM's 0.9) - weights - reserve)
+    # GPU memory from nvidia-smi (MiB), weights = the model's safetensors bytes, reserve
+    # (activations of the profiling batch, CUDA graphs, CUDA context) KV_RESERVE_MIB, 2048.
+    if [ -z "${KV_BYTES:-}" ]; then
+      KV_BYTES=$(python3 - "$M/gpu-1b" "${KV_RESERVE_MIB:-2048}" <<'PY'
+import math, subprocess, sys
+from pathlib import Path
+mib = int(subprocess.check_output(["nvidia-smi", "--query-gpu=memory.total",
+                                   "--format=csv,noheader,nounits"], text=True).split()[0])
+weights = sum(f.stat().st_size for f in Path(sys.argv[1]).glob("*.safetensors"))
+print(math.floor(mib * 2**20 * 0.9 - weights - int(sys.argv[2]) * 2**20))
+PY
+)
+    fi
+    export KV_BYTES; echo "KV_BYTES=$KV_BYTES ($(( KV_BYTES >> 20 )) MiB)" | tee "$out/kv-bytes.txt"
     if [ "${HIDE_HOST_PACKAGES:-0}" = 1 ]; then
       # Starts as if the GPU host's Python lacked packages it has only because its image has
       # them (run6/import-profile.json: 3.5 s of self time): each is marked absent in
@@ -143,11 +245,28 @@ case "$step" in
       export PYTHONPATH=/tmp/hide:$PYTHONPATH
     fi
     for v in ${COLD:?COLD=\"variant ...\"}; do
-      if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${COLD_LIMIT:-200} )) -gt "$DEADLINE" ]; then
-        echo "skipped $v: too close to DEADLINE"; continue
-      fi
       name=$v; v=${v%%.*}  # NAME.N: a repeat of NAME (its own result file)
-      case ${v%-pyc} in  # NAME-pyc: the same run, named for after the `pyc` step
+      # Suffixes, any order: -nopyc (no bytecode: an empty PYTHONPYCACHEPREFIX), -evict (the
+      # model's files dropped from the page cache first), -prefetch (a reader of the model
+      # and the cache root started with the server), -pyc (a name only: after `pyc`).
+      nopyc=0 evict=0 prefetch=0
+      while :; do
+        case $v in
+          *-nopyc) nopyc=1; v=${v%-nopyc} ;;
+          *-evict) evict=1; v=${v%-evict} ;;
+          *-prefetch) prefetch=1; v=${v%-prefetch} ;;
+          *-pyc) v=${v%-pyc} ;;
+          *) break ;;
+        esac
+      done
+      limit=${COLD_LIMIT:-200}  # a start from an empty cache gets COLD_LIMIT_FRESH
+      case $v in *-fresh) limit=${COLD_LIMIT_FRESH:-$limit} ;; esac
+      if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + limit )) -gt "$DEADLINE" ]; then
+        echo "skipped $name: too close to DEADLINE"; continue
+      fi
+      g64=(--extra-arg=--max-cudagraph-capture-size=64)
+      kvb=("${g64[@]}" --extra-arg=--kv-cache-memory-bytes=$KV_BYTES)
+      case $v in
         vllm-fresh)  a=(--mode vllm-defaults --cache-root /tmp/cc/vllm --fresh-cache) ;;
         vllm-warm)   a=(--mode vllm-defaults --cache-root /tmp/cc/vllm) ;;
         chart-fresh) a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache) ;;
@@ -158,14 +277,23 @@ case "$step" in
         chart-seeded|chart-fork-seeded)  # chart's cache, packed and unpacked at a new path
           seed_cache chart seeded ""
           a=(--mode chart --cache-root /tmp/cc/seeded)
-          [ "${v%-pyc}" = chart-fork-seeded ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
+          [ "$v" = chart-fork-seeded ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
         chart-graphs64) a=(--mode chart --cache-root /tmp/cc/g64 --seed-cache-from /tmp/cc/chart
-                           --extra-arg=--max-cudagraph-capture-size=64) ;;
+                           "${g64[@]}") ;;
+        chart-graphs64-fresh)  # capture size 64 from an empty cache (fills the seed's source)
+          a=(--mode chart --cache-root /tmp/cc/g64 --fresh-cache "${g64[@]}") ;;
         chart-graphs64-seeded)  # chart-graphs64's cache, packed and unpacked at a new path
-          seed_cache g64 g64seeded -g64
-          a=(--mode chart --cache-root /tmp/cc/g64seeded --extra-arg=--max-cudagraph-capture-size=64) ;;
+          seed_cache g64 g64seeded "-$name"
+          a=(--mode chart --cache-root /tmp/cc/g64seeded "${g64[@]}") ;;
         chart-graphs64-warm)  # chart-graphs64 again, on the cache its last run filled
-          a=(--mode chart --cache-root /tmp/cc/g64 --extra-arg=--max-cudagraph-capture-size=64) ;;
+          a=(--mode chart --cache-root /tmp/cc/g64 "${g64[@]}") ;;
+        chart-kvb-fresh)  # capture size 64 + --kv-cache-memory-bytes (its own compile hash)
+          a=(--mode chart --cache-root /tmp/cc/g64kv --fresh-cache "${kvb[@]}") ;;
+        chart-kvb-seeded)  # chart-kvb-fresh's cache, packed and unpacked at a new path
+          seed_cache g64kv g64kvseeded "-$name"
+          a=(--mode chart --cache-root /tmp/cc/g64kvseeded "${kvb[@]}") ;;
+        chart-kvb-warm)
+          a=(--mode chart --cache-root /tmp/cc/g64kv "${kvb[@]}") ;;
         chart-fork-fresh)  # the engine core forked from the API server, not spawned
           a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache
              --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
@@ -179,14 +307,23 @@ case "$step" in
         *) echo "unknown variant $v"; continue ;;
       esac
       [ "${FORK:-0}" = 1 ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork)  # any variant, forked
+      [ $evict = 1 ] && evict $M/gpu-1b
+      if [ $prefetch = 1 ]; then  # the cache root is the last --cache-root given
+        for ((k = 0; k < ${#a[@]}; k++)); do [ "${a[k]}" = --cache-root ] && root=${a[k+1]}; done
+        a+=(--prefetch $M/gpu-1b --prefetch "$root")
+      fi
+      pycenv=()  # -nopyc: Python looks for bytecode only under an empty prefix
+      [ $nopyc = 1 ] && { rm -rf /tmp/nopyc; pycenv=(PYTHONPYCACHEPREFIX=/tmp/nopyc); }
+      wait_gpu_free
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
       # makes cold_start.py stop the server and write what it has (issue 17's first
       # fresh-start runs were killed by a bare `timeout` and wrote nothing).
-      timeout -s INT -k 30 ${COLD_LIMIT:-200} python3 scripts/gpu/cold_start.py run \
+      env "${pycenv[@]}" timeout -s INT -k 30 $limit python3 scripts/gpu/cold_start.py run \
         --name "$name${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \
-        --timeout $(( ${COLD_LIMIT:-200} - 35 )) "${a[@]}"
+        --timeout $(( limit - 35 )) "${a[@]}"
     done
-    python3 scripts/gpu/cold_start.py table "$out/cold" ;;
+    python3 scripts/gpu/cold_start.py table "$out/cold"
+    python3 scripts/gpu/cold_start.py summary "$out/cold" ;;
   fp8)
     echo "== fp8 vs bf16 ($(date +%T))"
     # Both variants compile from an empty cache, so their engine start compares like for like.
@@ -250,8 +387,4 @@ PY
     done ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
-# At most 8 files come back from the machine: pack the step's results into one.
-# Each step packs what it wrote (earlier steps' archives stay as they are).
-tar -czf "/tmp/results-$step.tgz" -C "$out" --exclude='./results-*.tgz' . &&
-  find "$out" -mindepth 1 -maxdepth 1 ! -name 'results-*.tgz' -exec rm -rf {} + &&
-  mv "/tmp/results-$step.tgz" "$out/"
+# The EXIT trap (pack_step) stamps the step's JSON and packs OUT/<step>-<n>.tgz.

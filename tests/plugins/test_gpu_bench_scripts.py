@@ -63,6 +63,45 @@ def test_shape_figures_pick_decode_steps_and_sum_prefill(gpu_module) -> None:  #
         parity.shape_figure("decode", [])
 
 
+def _cold_run(name: str, ready: float, imports: float, ok: bool = True) -> dict:
+    phases = {"imports": imports, "weights": 3.0, "compile": None}
+    return {
+        "name": name,
+        "ok": ok,
+        "phases": phases,
+        "events": {"ready": ready if ok else None},
+        "compile_cache_hit": ok,
+    }
+
+
+def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-untyped-def]
+    gpu_module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cold = gpu_module("cold_start")
+    assert cold.variant_of("chart-graphs64-seeded.2-fork") == "chart-graphs64-seeded-fork"
+    assert cold.variant_of("vllm-warm.3") == "vllm-warm"
+    assert cold.variant_of("vllm-warm") == "vllm-warm"
+    assert cold.spread([3.0, 1.0, 2.0]) == "2.0 [1.0–3.0]"
+    assert cold.spread([1.0, 2.0]) == "1.5 [1.0–2.0]"
+    assert cold.spread([4.0]) == "4.0" and cold.spread([]) == "–"
+    runs = [
+        _cold_run("seeded-fork", 26.0, 12.0),
+        _cold_run("seeded.2-fork", 25.0, 11.0),
+        _cold_run("seeded.3-fork", 27.0, 13.0),
+        _cold_run("fresh", 65.0, 12.0, ok=False),
+    ]
+    (tmp_path / "a").mkdir()
+    for r in runs:  # summary searches folders recursively (one per unpacked step)
+        (tmp_path / "a" / f"{r['name']}.json").write_text(json.dumps(r))
+    assert cold.main(["summary", str(tmp_path), "--order", "fresh,seeded-fork"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| fresh | 0/1 |")  # failed starts counted, not averaged
+    seeded = rows[2].split(" | ")
+    assert seeded[:3] == ["| seeded-fork", "3/3", "12.0 [11.0–13.0]"]
+    assert "**26.0 [25.0–27.0]**" in seeded and "14.0 [14.0–14.0]" in seeded  # after imports
+    assert rows[2].endswith("| 3/3 |")
+
+
 def test_chart_args_extract_reads_the_vllm_container() -> None:
     sys.path.insert(0, str(GPU_SCRIPTS))
     try:
@@ -194,13 +233,21 @@ def test_cold_start_phases_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
             "1500",
             "--extra-arg=--max-model-len=256",
             "--extra-arg=--enforce-eager",
+            "--prefetch",
+            str(tiny_model_dir),
         ],
-        {},
+        {"MINISTREAM_COMMIT": "0" * 40, "MINISTREAM_DIRTY": "0"},
         1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "chart-cpu.json").read_text())
     assert result["ok"] is True
+    prov = result["provenance"]  # as h200.sh passes the commit to the GPU host
+    assert prov["commit"] == "0" * 40 and prov["dirty"] is False
+    assert "cold_start.py run --name chart-cpu" in prov["command"]
+    assert set(prov["bytecode"]["packages"]) >= {"torch", "vllm"}
+    assert result["prefetch"]["paths"] == [str(tiny_model_dir)]
+    assert 0 <= result["prefetch"]["done_s"] < result["events"]["ready"]
     ph = result["phases"]
     for phase in ("imports", "engine_core_start", "weights", "health", "warmup", "total"):
         assert ph[phase] is not None and ph[phase] >= 0, phase
@@ -208,6 +255,8 @@ def test_cold_start_phases_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert (tmp_path / "chart-cpu.log").stat().st_size > 0
     table = _run([str(GPU_SCRIPTS / "cold_start.py"), "table", str(tmp_path)], {}, 60)
     assert "| chart-cpu |" in table.stdout
+    summary = _run([str(GPU_SCRIPTS / "cold_start.py"), "summary", str(tmp_path)], {}, 60)
+    assert "| chart-cpu | 1/1 |" in summary.stdout
 
 
 @pytest.mark.engine
