@@ -61,6 +61,11 @@ images:  ## build the CPU serving and sidecar images (+ the GPU image's steps) w
 	@scripts/setup.sh oci
 	python3 scripts/images.py build
 
+# Every result file records the command a person ran (docs/benchmarks.md, "How results are
+# recorded"): these targets pass it to the benchmarks unless the caller already set it.
+RESULT_TARGETS := images bench-plugin bench-convert bench-load bench-serve bench-overload soak
+$(RESULT_TARGETS): export MINISTREAM_COMMAND ?= $(strip make $(MAKECMDGOALS) $(MAKEOVERRIDES))
+
 bench-plugin: setup demo-model  ## plugin vs built-in Llama offline throughput (seed shape, ~8 min)
 	$(PY) scripts/bench_plugin.py --model $(DEMO_MODEL) --out $(ART)/bench-plugin.json \
 	  --prompts 16 --prompt-len 128 --output-len 64 --rounds 4 --concurrency 1,8 \

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ministream_testkit.provenance import stamp
+
 
 def _status() -> dict[str, int]:
     out = {}
@@ -167,7 +169,7 @@ def main() -> int:
         "runs": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(stamp(report), indent=2) + "\n")
     _print_table(report)
     print(f"JSON: {args.out}")
     return 0

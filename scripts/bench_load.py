@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ministream_testkit.processes import evict_from_page_cache
+from ministream_testkit.provenance import stamp
 from ministream_testkit.s3_server import S3Server
 from ministream_testkit.vllm_server import VLLMServer
 
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     add_ratios(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str))
+    args.out.write_text(json.dumps(stamp(report), indent=2, default=str))
     print(table(report))
     print(f"\nwrote {args.out}")
     return 0

@@ -344,6 +344,20 @@ def build(
     return time.monotonic() - began
 
 
+def write_report(report: dict[str, dict[str, object]]) -> None:
+    """The build report, with the provenance block every result carries (commit, command,
+    machine, versions; docs/benchmarks.md, "How results are recorded")."""
+    # The module is standard library only, as this script is: `make images` runs it from the
+    # checkout with the system python3, no project virtualenv needed.
+    devtools = str(ROOT / "devtools")
+    if devtools not in sys.path:
+        sys.path.insert(0, devtools)
+    from ministream_testkit.provenance import stamp
+
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(stamp(report), indent=2) + "\n")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         why = "needs root (buildah --isolation chroot, podman with runc)"
@@ -406,8 +420,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 "budget_mb": BUDGET_MB.get(key),
             }
     report["total_seconds"] = {"seconds": round(time.monotonic() - began, 1)}
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report)
     print(f"\n{'image':<52} {'size':>9} {'build':>8}")
     for key in order:
         row = report[key]

@@ -2,7 +2,8 @@
 
 Used by the tests, the GPU script and the benchmarks, so every comparison runs the same
 code. `python -m ministream_reference.golden --model DIR [--tp N] [--dtype D] --out FILE.json`
-runs one vLLM engine (offline `vllm.LLM`) and writes its outputs; `compare()` applies the
+runs one vLLM engine (offline `vllm.LLM`) and writes its outputs (and their provenance block
+beside them, FILE.provenance.json); `compare()` applies the
 semantics of vLLM's `check_logprobs_close`: sequences must agree token for token; where
 they first differ, each side's token must be in the other's top-k, and the comparison
 stops there (later tokens condition on different prefixes).
@@ -17,6 +18,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from ministream_testkit.provenance import write_sidecar
 
 DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
     (1, 17, 250, 9, 33),
@@ -226,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(f"{args.out}.tmp")
     save(result, tmp)
     shutil.move(tmp, args.out)
+    # A golden file is a list (readers index it as one), so its provenance block goes beside
+    # it: NAME.provenance.json (docs/benchmarks.md, "How results are recorded").
+    write_sidecar(Path(args.out))
     return 0
 
 

@@ -8,7 +8,13 @@ take seconds. `stamp(report)` adds it under the key `provenance`.
 
 On a machine without the checkout's `.git` (the lent GPU host gets a copy of the working
 tree only) the caller passes the commit through `MINISTREAM_COMMIT` (and `MINISTREAM_DIRTY`
-= 1/0); docs/benchmarks.md says how the GPU steps do it.
+= 1/0); docs/benchmarks.md says how the GPU steps do it. `MINISTREAM_COMMAND` names the
+command a person ran (a Makefile target sets it to e.g. `make bench-overload`); the
+process's own command line is kept beside it as `argv`.
+
+A result that is not a JSON object (a golden file is a list) gets its block in a sidecar,
+`NAME.provenance.json` (`write_sidecar`). `problems(block)` is what the CI test
+(tests/test_results_provenance.py) holds every file under docs/results/ to.
 
 Standard library only: the GPU host and the CPU benchmarks import it from the checkout.
 """
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.util
+import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -45,6 +53,15 @@ DISTRIBUTIONS: tuple[str, ...] = (
 )
 # Packages whose bytecode decides how long a cold start imports (a real image ships it).
 BYTECODE_PACKAGES: tuple[str, ...] = ("torch", "vllm", "transformers")
+# Environment variables that change what a run measures (engine settings, caches, bytecode,
+# threads), recorded with the command; names that may hold a secret are never recorded.
+ENV_PREFIXES: tuple[str, ...] = ("VLLM_", "MINISTREAM_", "OMP_", "CUDA_VISIBLE_DEVICES", "HF_")
+ENV_NAMES: tuple[str, ...] = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONPATH")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+# The block's own inputs: recorded as commit, dirty and command, not again as environment.
+_OWN_ENV = ("MINISTREAM_COMMIT", "MINISTREAM_DIRTY", "MINISTREAM_COMMAND")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+SIDECAR_SUFFIX = ".provenance.json"
 
 
 def _git(*args: str, cwd: Path | None = None) -> str | None:
@@ -60,16 +77,20 @@ def _git(*args: str, cwd: Path | None = None) -> str | None:
 
 
 def commit_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout; MINISTREAM_COMMIT / MINISTREAM_DIRTY override."""
+    """(commit, dirty) of the checkout; MINISTREAM_COMMIT / MINISTREAM_DIRTY override.
+
+    Without `cwd`, the checkout this module was imported from (the code that ran), then the
+    working directory: a benchmark started from elsewhere still names its own commit."""
     env_commit = os.environ.get("MINISTREAM_COMMIT")
     if env_commit:
         dirty_env = os.environ.get("MINISTREAM_DIRTY")
         return env_commit, None if dirty_env is None else dirty_env not in ("0", "false", "")
-    commit = _git("rev-parse", "HEAD", cwd=cwd)
-    if commit is None:
-        return None, None
-    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-    return commit, bool(status)
+    for where in [cwd] if cwd is not None else [Path(__file__).resolve().parent, None]:
+        commit = _git("rev-parse", "HEAD", cwd=where)
+        if commit is not None:
+            status = _git("status", "--porcelain", "--untracked-files=no", cwd=where)
+            return commit, bool(status)
+    return None, None
 
 
 def _meminfo_gib() -> float | None:
@@ -152,15 +173,48 @@ def bytecode() -> dict[str, Any]:
     }
 
 
+def own_argv() -> list[str]:
+    """This process's command line as a person would type it from the repository root:
+    `python -m pkg.mod ...`, `python scripts/x.py ...` or a console script's name."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # python -m
+        return ["python", "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    if prog.parent.name == "bin":  # a console script (ministream-loadtest, pytest)
+        return [prog.name, *sys.argv[1:]]
+    try:
+        shown = str(prog.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(prog)
+    return ["python", shown, *sys.argv[1:]]
+
+
+def environment() -> dict[str, str]:
+    """The settings in the environment that change what a run measures (no secrets)."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
+        and k not in _OWN_ENV
+        and not _SECRET.search(k)
+    }
+
+
 def collect(command: Sequence[str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
-    """The provenance block: commit, dirty tree, command, machine, versions, bytecode."""
+    """The provenance block: commit, dirty tree, command, machine, versions, bytecode.
+
+    `command` is what a person ran: MINISTREAM_COMMAND, else `command`, else this process's
+    own command line; `argv` is always the process's own."""
     commit, dirty = commit_info(cwd)
-    argv = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+    argv = shlex.join(own_argv())
+    given = shlex.join(command) if command is not None else None
     return {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit,
         "dirty": dirty,
-        "command": os.environ.get("MINISTREAM_COMMAND") or shlex.join(argv),
+        "command": os.environ.get("MINISTREAM_COMMAND") or given or argv,
+        "argv": argv,
+        "environment": environment(),
         "machine": machine(),
         "versions": versions(),
         "bytecode": bytecode(),
@@ -176,9 +230,50 @@ def stamp(
     return {KEY: collect(command, cwd), **report}
 
 
+def _absent(value: Any) -> bool:
+    return value is None or value == "" or value == {}
+
+
 def missing(block: Mapping[str, Any]) -> list[str]:
-    """The required fields a provenance block lacks (empty when it is whole)."""
-    gaps = [f for f in REQUIRED if f not in block]
-    if isinstance(block.get("machine"), Mapping):
-        gaps += [f"machine.{f}" for f in MACHINE_REQUIRED if f not in block["machine"]]
+    """The required fields a provenance block lacks or leaves empty (empty when it is whole).
+
+    A null commit or dirty flag is missing: that is what a GPU host without `.git` writes when
+    nobody passed MINISTREAM_COMMIT / MINISTREAM_DIRTY. `machine.gpu` may be `[]` (no GPU);
+    a machine with a GPU must also say whether bytecode was present (it decides imports)."""
+    gaps = [f for f in REQUIRED if _absent(block.get(f))]
+    host = block.get("machine")
+    if isinstance(host, Mapping):
+        gaps += [f"machine.{f}" for f in MACHINE_REQUIRED if host.get(f) is None]
+        if host.get("gpu") and _absent(block.get("bytecode")):
+            gaps.append("bytecode")
     return gaps
+
+
+def problems(block: Any) -> list[str]:
+    """Everything that keeps `block` from being a whole provenance block (empty when whole):
+    the missing fields, then fields of the wrong form."""
+    if not isinstance(block, Mapping):
+        return [f"no provenance block (a {type(block).__name__})"]
+    found = missing(block)
+    commit = block.get("commit")
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        found.append(f"commit: {commit!r} is not a 40-hex commit")
+    if block.get("dirty") is not None and not isinstance(block["dirty"], bool):
+        found.append(f"dirty: {block['dirty']!r} is not true/false")
+    if "machine" in block and not isinstance(block["machine"], Mapping):
+        found.append("machine: not an object")
+    return found
+
+
+def sidecar_path(result: Path) -> Path:
+    """Where the block of a result that is not a JSON object goes: NAME.provenance.json."""
+    return result.with_name(result.name.removesuffix(".json") + SIDECAR_SUFFIX)
+
+
+def write_sidecar(
+    result: Path, command: Sequence[str] | None = None, cwd: Path | None = None
+) -> Path:
+    """Write `result`'s provenance block beside it (for results that are JSON lists)."""
+    path = sidecar_path(result)
+    path.write_text(json.dumps(stamp({"of": result.name}, command, cwd), indent=2) + "\n")
+    return path

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .reports import stamp_file
+
 ENGINE_NAME = "vllm bench serve"
 PERCENTILES = (50, 95, 99)
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -244,7 +246,8 @@ class EngineProcess:
         return self.main_run_started
 
     def wait(self, timeout: float) -> list[dict[str, Any]]:
-        """Wait for every run to end; the engine's result JSON of each (with per-request detail)."""
+        """Wait for every run to end; the engine's result JSON of each (with per-request detail),
+        its file stamped with the provenance block."""
         assert self.proc is not None
         try:
             rc = self.proc.wait(timeout)
@@ -258,7 +261,8 @@ class EngineProcess:
             raise EngineError(
                 f"{ENGINE_NAME} failed (status {rc}, missing {missing}):\n{self.log_tail()}"
             )
-        return [json.loads(f.read_text()) for _, f in self.runs]
+        # Each raw result is evidence in its own right (docs/results/ keeps some): stamped.
+        return [stamp_file(f) for _, f in self.runs]
 
     def stop_arrivals(self) -> None:
         """Send no further request; those in flight finish and results are saved as usual."""
