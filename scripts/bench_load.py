@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ministream_sidecar import cpu_memory
 from ministream_testkit.processes import evict_from_page_cache
 from ministream_testkit.provenance import stamp
 from ministream_testkit.s3_server import S3Server
@@ -282,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         **s3.env(),
         "VLLM_ASSETS_CACHE": str(args.work / "vllm-assets"),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # The same cache at every path and on every machine: the timings compare.
+        **cpu_memory.pinned(),
     }
     try:
         for key, value in env.items():

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from ministream_sidecar import cpu_memory
 from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
@@ -101,7 +102,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         env = {
             **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
+            # Several test servers run side by side: the same small cache on every machine.
+            **cpu_memory.pinned(),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
             STARTUP_LOG_ENV: str(self.startup_log),

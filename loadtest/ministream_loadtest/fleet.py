@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ministream_sidecar import client
+from ministream_sidecar import client, cpu_memory
 from ministream_sidecar.launcher import UpArgs, vllm_command
 from ministream_sidecar.processes import Child
 
@@ -148,8 +148,10 @@ class Pod:
         t = self.template
         t.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **t.env}
-        # Small engines that share a 2-core box (DESIGN §8); the caller's environment wins.
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        vllm_cmd = self.vllm_command()
+        # Small engines that share one machine; the caller's own sizing (environment or
+        # vLLM flags) wins.
+        env.update(cpu_memory.kv_cache_env(env, vllm_cmd, gib=cpu_memory.SHARED_MACHINE_GIB))
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.update(self.cpu_env(env))
@@ -163,7 +165,7 @@ class Pod:
             f"{client.ENV_PREFIX}MODEL_NAME": t.served_name,
             f"{client.ENV_PREFIX}PROCESS_START_TIME": repr(time.time()),
         }
-        self.vllm = Child("vLLM", self.vllm_command(), env).start(self._log("vllm"))
+        self.vllm = Child("vLLM", vllm_cmd, env).start(self._log("vllm"))
         sidecar_cmd = [sys.executable, "-m", "ministream_sidecar"]
         self.sidecar = Child("sidecar", sidecar_cmd, sidecar_env).start(self._log("sidecar"))
         return self

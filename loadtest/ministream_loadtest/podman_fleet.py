@@ -27,6 +27,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ministream_sidecar import cpu_memory
+
 from .chart_pod import render_deployment
 from .fleet import _SIDECAR_STOP_SECONDS, Pod, PodTemplate
 from .haproxy import Slot
@@ -42,9 +44,12 @@ def podman_chart_values(
     """Values that put this run's model, served name, engine flags and engine environment into
     the rendered pod (the process runtime passes the same on its command lines)."""
     model_dir = Path(model).resolve()
+    # Small engines that share one machine; the caller's own sizing (environment or vLLM
+    # flags) wins. A pod inherits nothing from this process: the variable is passed on.
+    caller = {k: v for k, v in os.environ.items() if k == cpu_memory.ENV}
     engine_env = {
-        # Small engines that share a 2-core box (DESIGN §8); the caller's environment wins.
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **caller,
+        **cpu_memory.kv_cache_env(caller, vllm_args, gib=cpu_memory.SHARED_MACHINE_GIB),
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
         **env,

@@ -10,7 +10,12 @@ experiment's pods use too). On SIGINT or SIGTERM it drains through the sidecar w
 `client.drain`, the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which
 got `--shutdown-timeout`), then stops the sidecar. A second signal skips what is left of the
 drain. If vLLM or the sidecar dies on its own, the other is stopped and the exit status is
-non-zero.
+non-zero, and when vLLM exits so the last line is vLLM's own reason (from the tail of its
+output, which still reaches the terminal live).
+
+On vLLM's CPU build the KV cache is sized to fit this machine (`cpu_memory`) unless the user
+sized it: vLLM's own default reserves 92 % of the memory and refuses to start when that much
+is not free.
 
 This module imports neither torch nor vLLM: vLLM runs in its own process.
 """
@@ -30,8 +35,9 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from . import client, startup_log
+from . import client, cpu_memory, startup_log
 from .client import ENV_PREFIX
+from .output_tail import exit_reason
 from .processes import Child
 from .settings import SidecarSettings
 
@@ -39,6 +45,8 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30  # seconds vLLM lets in-flight requests finish aft
 _POLL_SECONDS = 0.5
 _SIDECAR_STOP_SECONDS = 10.0
 _VLLM_STOP_MARGIN_SECONDS = 15.0  # beyond --shutdown-timeout, for vLLM's own teardown
+_VLLM_TAIL_LINES = 200  # a refusal's traceback and the worker's error lines above it
+_TAIL_DRAIN_SECONDS = 5.0  # for the last lines still in the pipes after vLLM exited
 
 
 class _ForceStop(Exception):
@@ -187,7 +195,13 @@ class Launcher:
         except ValidationError as exc:
             _say(f"invalid MINISTREAM_SIDECAR_* settings:\n{exc}")
             return 2
-        self.vllm = Child("vLLM", self.vllm_cmd, env).start()
+        view = cpu_memory.MemoryView.read()
+        if sized := cpu_memory.kv_cache_env(env, self.args.vllm_args, view=view):
+            env.update(sized)
+            _say(cpu_memory.describe(int(sized[cpu_memory.ENV]), view))
+        if sys.stdout.isatty():  # vLLM writes into a pipe now: keep the terminal's colours
+            env.setdefault("VLLM_LOGGING_COLOR", "1")
+        self.vllm = Child("vLLM", self.vllm_cmd, env).start(tail_lines=_VLLM_TAIL_LINES)
         _say(f"vLLM pid {self.vllm.pid}: {' '.join(self.vllm_cmd)}")
         sidecar_env = {
             **env,
@@ -208,6 +222,8 @@ class Launcher:
                 if (rc := child.returncode) is not None:
                     _say(f"{child.name} exited with status {rc}; stopping {other}")
                     self._stop_all(drain=False)
+                    if child is self.vllm:
+                        _say(self._vllm_exit(rc))
                     return rc if rc != 0 else 1
             if not announced and client.ready(self.sidecar_url):
                 announced = True
@@ -219,6 +235,20 @@ class Launcher:
         _say(f"got {signal.Signals(self.signals[0]).name}: draining, then stopping")
         self._stop_all(drain=True, drain_timeout=settings.drain_timeout_seconds)
         return 0
+
+    def _vllm_exit(self, rc: int) -> str:
+        """The last line after vLLM exited on its own: its reason, and for a refusal over
+        memory what to set."""
+        assert self.vllm is not None and self.vllm.tail is not None
+        self.vllm.tail.wait(_TAIL_DRAIN_SECONDS)
+        reason = exit_reason(self.vllm.tail.lines())
+        if reason is None:
+            return f"vLLM exited with status {rc} (its output is above)"
+        line = f"vLLM exited with status {rc}: {reason}"
+        if "memory" in reason.lower() and cpu_memory.is_cpu_build():
+            seen = cpu_memory.view_in(reason) or cpu_memory.MemoryView.read()
+            line += f" -- {cpu_memory.advice(seen)}"
+        return line
 
     # --- stopping ------------------------------------------------------------------------
     def _stop_all(self, *, drain: bool, drain_timeout: float = 0.0) -> None:

@@ -14,8 +14,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from .output_tail import OutputTail
 
 
 class Child:
@@ -25,9 +28,24 @@ class Child:
         self.env = dict(env)
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False  # SIGKILLed because the grace period ran out
+        self.tail: OutputTail | None = None
 
-    def start(self, log: Path | None = None) -> Child:
-        """Start the child; its output goes to `log` when given, else to ours."""
+    def start(self, log: Path | None = None, *, tail_lines: int = 0) -> Child:
+        """Start the child; its output goes to `log` when given, else to ours, and then with
+        `tail_lines` its last lines are kept too (`self.tail`)."""
+        if log is None and tail_lines > 0:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+            )
+            assert self.proc.stdout is not None and self.proc.stderr is not None
+            self.tail = OutputTail(tail_lines)
+            self.tail.follow(self.proc.stdout, sys.stdout.buffer)
+            self.tail.follow(self.proc.stderr, sys.stderr.buffer)
+            return self
         with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
             self.proc = subprocess.Popen(
                 self.argv,

@@ -167,6 +167,8 @@ def test_load_format_and_model_location(rendered: Rendered, values: dict) -> Non
     if rendered.of_kind("LeaderWorkerSet"):
         # A Ray head first, then the same module with the same args (test_chart_multinode.py).
         assert vllm["command"][-2].endswith('python3 -m vllm.entrypoints.openai.api_server "$@"')
+    elif values["accelerator"]["type"] == "cpu":  # the CPU image's entrypoint: sizes, execs
+        assert vllm["command"] == ["python3", "-m", "ministream_sidecar.serve_vllm"]
     else:
         assert vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert arg(vllm, "--load-format") == LOAD_FORMATS[loading["mode"]]

@@ -45,11 +45,14 @@ def test_vllm_accepts_the_rendered_command_line(rendered: Rendered, values: dict
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     vllm = _containers(rendered)["vllm"]
-    # One node: the module itself; a multi-node leader: `sh -c "ray start … && exec python3 -m
+    # One node: the module itself, on the CPU build through the image's entrypoint that execs
+    # it with the same args; a multi-node leader: `sh -c "ray start … && exec python3 -m
     # vllm.entrypoints.openai.api_server "$@"" vllm`, the same args (test_chart_multinode.py).
-    assert vllm["command"][-1] == "vllm.entrypoints.openai.api_server" or vllm["command"][
-        -2
-    ].endswith('vllm.entrypoints.openai.api_server "$@"')
+    cpu = values["accelerator"]["type"] == "cpu"
+    module = "ministream_sidecar.serve_vllm" if cpu else "vllm.entrypoints.openai.api_server"
+    assert vllm["command"][-1] == module or vllm["command"][-2].endswith(
+        'vllm.entrypoints.openai.api_server "$@"'
+    )
     args = _vllm_parser().parse_args(vllm["args"])
     validate_parsed_serve_args(args)
     tp = values["parallelism"]["tensor"] or values["tensorParallelSize"] or 1

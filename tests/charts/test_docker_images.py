@@ -108,8 +108,9 @@ def test_images_match_what_the_chart_runs() -> None:
     assert any("check-install.py serving --engine --multinode" in r for _, r in serving)
     cpu = _instructions(DOCKER / "Dockerfile.cpu")
     assert any("install-cpu-engine.sh" in rest for op, rest in cpu if op == "RUN")
-    for ins in (serving, cpu):
-        assert ("ENTRYPOINT", '["python3", "-m", "vllm.entrypoints.openai.api_server"]') in ins
+    assert ("ENTRYPOINT", '["python3", "-m", "vllm.entrypoints.openai.api_server"]') in serving
+    # The CPU build's: the chart's command on CPU too (it sizes the KV cache, then execs vLLM).
+    assert ("ENTRYPOINT", '["python3", "-m", "ministream_sidecar.serve_vllm"]') in cpu
     sidecar = _instructions(DOCKER / "Dockerfile.sidecar")
     assert ("ENTRYPOINT", '["ministream-sidecar"]') in sidecar
     assert any("install-project.sh sidecar" in rest for op, rest in sidecar if op == "RUN")

@@ -40,6 +40,7 @@ import pytest
 import yaml
 
 from ministream_reference.golden import DEFAULT_PROMPTS, reference_completions
+from ministream_sidecar import cpu_memory
 from ministream_testkit.helm import helm_path
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
@@ -130,7 +131,7 @@ def _environment(ray_tmp: Path, host_ip: str, leader_ip: str) -> dict[str, str]:
         "RAY_TMPDIR": str(ray_tmp),  # the nodes' sessions, sockets and logs
         "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **cpu_memory.pinned(),  # two nodes' ranks on one machine
     }
 
 

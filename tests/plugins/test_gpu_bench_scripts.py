@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+from ministream_sidecar import cpu_memory
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,7 +170,7 @@ def _run(
             "PYTHONPATH": os.pathsep.join(
                 [str(ROOT / "plugins"), str(ROOT / "devtools"), os.environ.get("PYTHONPATH", "")]
             ),
-            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **cpu_memory.pinned(),  # next to the tests' other engines
         }
         | env_extra
     )

@@ -1,17 +1,21 @@
 """`ministream up` (ministream_sidecar.launcher.main) with the real vLLM engine and the
 MiniStream plugin: both servers start, SIGTERM drains then stops both, exit status 0;
-and a vLLM that dies makes the launcher exit non-zero."""
+a vLLM that dies makes the launcher exit non-zero, its last line vLLM's reason; and on a
+machine where vLLM's own default memory share would refuse to start, the launcher's KV-cache
+size (ministream_sidecar.cpu_memory) starts it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,8 @@ import httpx
 import pytest
 from sidecarkit import sample
 
+from ministream_sidecar import cpu_memory
+from ministream_sidecar.cpu_memory import GiB
 from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
 from ministream_sidecar.metrics import ColdStartPhase
 from ministream_testkit.net import answers, free_port
@@ -63,16 +69,21 @@ def test_ministream_up_refuses_a_missing_or_raw_model_before_starting_anything(
         assert "ministream convert" in proc.stderr
 
 
-def launch(argv: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], Path]:
+def launch(
+    argv: list[str], tmp_path: Path, *, size_kv_cache: bool = False, **env: str
+) -> tuple[subprocess.Popen[str], Path]:
+    """`ministream up` with its output in a log; the tests' small KV cache unless
+    `size_kv_cache` leaves the size to the launcher (and any VLLM_CPU_KVCACHE_SPACE out)."""
     log = tmp_path / "launcher.log"
+    outer = {k: v for k, v in os.environ.items() if k != cpu_memory.ENV}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ministream.cli", "up", *argv],  # the README's `ministream up`
         stdout=open(log, "w"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         text=True,
         env={
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **outer,
+            **({} if size_kv_cache else cpu_memory.pinned()),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
             "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "4",
@@ -247,3 +258,123 @@ def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
     assert status != 0, output
     assert "vLLM exited with status" in output
     assert gone(pid_of(log, "sidecar"))
+    # The last line is vLLM's own reason (an exception line from its output), not a status.
+    last = last_line(output)
+    assert re.match(r"ministream up: vLLM exited with status \d+: \w+(Error|Exception): ", last), (
+        last
+    )
+
+
+def last_line(output: str) -> str:
+    return output.rstrip().splitlines()[-1]
+
+
+# --- vLLM's own memory check -----------------------------------------------------------------
+# Without a KV-cache size, vLLM 0.32's CPU worker reserves --gpu-memory-utilization (0.92) of
+# its memory node and refuses to start unless that much is available (cpu_worker.py). The
+# fixture below puts the machine into that state, the one `ministream up` failed in, by holding
+# anonymous memory (which vLLM cannot count as available, unlike the page cache) until vLLM's
+# own numbers say it would refuse, with a margin for memory other processes free meanwhile.
+_REFUSING_SHARE = 0.80  # available below this share of the total: 0.92 refuses with room
+_HOLD_STEP = 256 << 20
+_KEEP_AVAILABLE = 6 * GiB  # MemAvailable left to the engine and the machine's other users
+
+
+def vllm_memory() -> tuple[int, int]:
+    """(total, available) of the node vLLM's CPU worker binds to, by vLLM's own functions."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+    return info.total_memory, info.available_memory
+
+
+def vllm_default_refuses(total: int, available: int) -> bool:
+    """cpu_worker.py's startup check at its default share."""
+    return math.ceil(total * 0.92) > available
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+@pytest.fixture
+def vllm_default_would_refuse() -> Iterator[dict[str, float]]:
+    """Memory held until vLLM's default share would refuse; the figures (GiB) it saw."""
+    held: list[bytes] = []
+    total, available = vllm_memory()
+    figures = {"node_total": total / GiB, "node_available": available / GiB}
+    while available >= _REFUSING_SHARE * total:
+        if _mem_available() - _HOLD_STEP < _KEEP_AVAILABLE:
+            pytest.skip(f"cannot take enough memory safely: {figures}, held {len(held)} steps")
+        held.append(b"\1" * _HOLD_STEP)  # written: resident, not reclaimable
+        total, available = vllm_memory()
+    figures |= {
+        "held": len(held) * _HOLD_STEP / GiB,
+        "node_total_then": total / GiB,
+        "node_available_then": available / GiB,
+        "vllm_default_requests": math.ceil(total * 0.92) / GiB,
+        "kv_cache_rule": cpu_memory.default_gib(cpu_memory.MemoryView.read().available),
+    }
+    print("memory (GiB):", {k: round(v, 2) for k, v in figures.items()})
+    assert vllm_default_refuses(total, available), figures  # the state ministream up failed in
+    try:
+        yield figures
+    finally:
+        held.clear()
+
+
+def up_args(model: Path, *vllm_args: str) -> list[str]:
+    ports = ["--port", str(free_port()), "--sidecar-port", str(free_port())]
+    return ["--model", str(model), *ports, "--", *VLLM_ARGS, *vllm_args]
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_up_ends_with_vllms_reason_and_what_to_set_when_it_refuses_for_memory(
+    tiny_model_dir: Path, tmp_path: Path, vllm_default_would_refuse: dict[str, float]
+) -> None:
+    # vLLM's own default, asked for explicitly: the user's flag wins over the launcher's size,
+    # so this is `ministream up` as it was before it sized the cache.
+    args = up_args(tiny_model_dir, "--gpu-memory-utilization", "0.92")
+    proc, log = launch(args, tmp_path, size_kv_cache=True)
+    try:
+        status = proc.wait(300)
+    finally:
+        stop_everything(proc, log)
+    output = log.read_text()
+    assert status != 0, output
+    assert "ministream up: KV cache" not in output  # the size is left to the user's flag
+    last = last_line(output)
+    assert last.startswith("ministream up: vLLM exited with status 1: ValueError: Available "), last
+    assert "is less than desired CPU memory utilization (0.92, " in last, last
+    what_to_set = r"set VLLM_CPU_KVCACHE_SPACE=\d+ .* `-- --gpu-memory-utilization 0\.\d\d`"
+    assert re.search(what_to_set, last), last
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_up_sizes_the_kv_cache_and_starts_where_vllms_default_refuses(
+    tiny_model_dir: Path, tmp_path: Path, vllm_default_would_refuse: dict[str, float]
+) -> None:
+    proc, log = launch(up_args(tiny_model_dir), tmp_path, size_kv_cache=True)
+    try:
+        wait_until(
+            lambda: proc.poll() is None and "ready after" in log.read_text(),
+            600,
+            0.5,
+            what="ready through the launcher",
+        )
+        output = log.read_text()
+        gib = int(vllm_default_would_refuse["kv_cache_rule"])
+        sized = re.search(r"ministream up: KV cache (\d+) GiB \(VLLM_CPU_KVCACHE_SPACE; ", output)
+        assert sized and abs(int(sized.group(1)) - gib) <= 1, output  # memory moves meanwhile
+        took = re.search(r"Explicitly set \((\d+)\.0+/[\d.]+\) GiB for KV cache", output)
+        assert took and took.group(1) == sized.group(1), output  # vLLM took that size
+        assert vllm_default_refuses(*vllm_memory())  # and its default still would not start
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEFAULT_SHUTDOWN_TIMEOUT + 60) == 0, log.read_text()
+    finally:
+        stop_everything(proc, log)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ministream_sidecar import cpu_memory
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
 
 MAX_TOKENS = 16
@@ -43,7 +44,7 @@ def run_golden(
     full = {
         **os.environ,
         **IN_PROCESS_ENGINE,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **cpu_memory.pinned(),  # next to the tests' other engines
         "VLLM_NO_USAGE_STATS": "1",
         **(env or {}),
     }

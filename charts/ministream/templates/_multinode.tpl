@@ -106,9 +106,12 @@ matchExpressions:
 {{- end -}}
 
 {{/*
-The leader's vLLM container command: a Ray head, then vLLM (args: ministream.vllmArgs) as
-the container's main process. vLLM's Ray executor waits for the workers' GPUs to join the
-cluster (its placement group, up to 1800 s in vLLM 0.32) before it loads weights.
+The vLLM container's command (args: ministream.vllmArgs). A multi-node leader: a Ray head,
+then vLLM as the container's main process; vLLM's Ray executor waits for the workers' GPUs to
+join the cluster (its placement group, up to 1800 s in vLLM 0.32) before it loads weights.
+The CPU build: the CPU image's entrypoint, which sizes the KV cache to fit the pod unless
+VLLM_CPU_KVCACHE_SPACE or vllm.gpuMemoryUtilization does (vLLM's own 0.92 of the memory
+limit refuses to start once the page cache holds 8 % of it), then execs the same server.
 */}}
 {{- define "ministream.vllmCommand" -}}
 {{- if include "ministream.isMultiNode" . -}}
@@ -116,6 +119,10 @@ cluster (its placement group, up to 1800 s in vLLM 0.32) before it loads weights
 - -c
 - {{ printf "ray start --head --port=%s %s --include-dashboard=false && exec python3 -m vllm.entrypoints.openai.api_server \"$@\"" (include "ministream.rayPort" .) (include "ministream.rayNodeOptions" .) | quote }}
 - vllm
+{{- else if eq .Values.accelerator.type "cpu" -}}
+- python3
+- -m
+- ministream_sidecar.serve_vllm
 {{- else -}}
 - python3
 - -m
