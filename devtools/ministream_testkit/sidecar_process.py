@@ -5,7 +5,6 @@ warmup, warmup on start off unless asked)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 
 from ministream_testkit.net import answers, free_port
+from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
 
 # Environment a test's sidecar must not inherit from the caller's.
@@ -35,13 +35,7 @@ class SidecarProcess:
         return httpx.post(self.url + path, timeout=kwargs.pop("timeout", 120), **kwargs)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        stop_group(self.process)
 
 
 def start_sidecar(

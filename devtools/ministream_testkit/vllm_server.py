@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar import cpu_memory
-from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until

@@ -7,14 +7,14 @@ preStop hook's command, vLLM's `--shutdown-timeout`, the startup, readiness and 
 probes, the rollout strategy, and the sidecar's `MINISTREAM_SIDECAR_*` settings.
 
 Finding the chart and helm: `--chart` (default `./charts/ministream`, i.e. run from a
-checkout of the project) and `--helm` (default: `helm` on PATH, else the project's
-`.tools/bin/helm` under the working directory, where `scripts/install_tools.sh` puts it).
+checkout of the project) and `--helm` (default: `ministream_testkit.helm.helm_path`'s
+order: the project's `.tools/bin/helm`, where `scripts/install_tools.sh` puts it, then helm
+on PATH).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 import yaml
 
+from ministream_testkit.helm import helm_path
+
 DEFAULT_CHART = Path("charts/ministream")
-_LOCAL_HELM = Path(".tools/bin/helm")
 # Kubernetes' defaults for probe fields the chart leaves unset (the API server fills them in).
 _K8S_DEFAULT_SUCCESS_THRESHOLD = 1
 _K8S_DEFAULT_PERIOD_SECONDS = 10
@@ -129,13 +130,11 @@ class ChartPod:
 
 
 def find_helm(helm: str | None = None) -> str:
-    found = helm or shutil.which("helm") or (str(_LOCAL_HELM) if _LOCAL_HELM.is_file() else None)
-    if not found:
-        raise ChartError(
-            "helm not found: the experiment renders the chart with `helm template`; put helm on "
-            "PATH, pass --helm PATH, or run scripts/install_tools.sh in the project checkout"
-        )
-    return found
+    """`ministream_testkit.helm.helm_path`, with its error as a ChartError."""
+    try:
+        return helm_path(helm)
+    except FileNotFoundError as exc:
+        raise ChartError(f"the experiment renders the chart with `helm template`: {exc}") from None
 
 
 def render_deployment(

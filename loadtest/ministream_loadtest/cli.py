@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "to the last 5 minutes",
     )
     so.add_argument("--chart", type=Path, default=DEFAULT_CHART, help="the chart whose pod is run")
-    so.add_argument("--helm", help="helm binary (default: helm on PATH, or .tools/bin/helm)")
+    so.add_argument("--helm", help="helm binary (default: .tools/bin/helm, else PATH)")
     return parser
 
 
@@ -273,7 +273,7 @@ def _add_chart_options(parser: argparse.ArgumentParser, what: str) -> None:
         default=[],
         help="values file for `helm template -f` (repeatable)",
     )
-    parser.add_argument("--helm", help="helm binary (default: helm on PATH, or .tools/bin/helm)")
+    parser.add_argument("--helm", help="helm binary (default: .tools/bin/helm, else PATH)")
 
 
 # --- run ------------------------------------------------------------------------------------
@@ -322,9 +322,11 @@ def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
         if vllm_args:
             raise SystemExit("arguments after -- go to vLLM and need --serve")
         return _run_scenarios(args, scenarios)
+    from ministream_testkit.net import free_port
+
     from .chart_pod import chart_pod
     from .fleet import Pod, PodTemplate
-    from .haproxy import Slot, free_port
+    from .haproxy import Slot
 
     args.model = args.model or "ministream"
     template = PodTemplate(

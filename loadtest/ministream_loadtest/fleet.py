@@ -43,9 +43,10 @@ from typing import Any
 from ministream_sidecar import client, cpu_memory
 from ministream_sidecar.launcher import UpArgs, vllm_command
 from ministream_sidecar.processes import Child
+from ministream_testkit.net import free_port
 
 from .chart_pod import ChartPod
-from .haproxy import Slot, free_port
+from .haproxy import Slot
 
 _SIDECAR_STOP_SECONDS = 10.0
 

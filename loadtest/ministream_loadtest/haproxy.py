@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ministream_testkit.net import free_port
+
 from .chart_pod import ChartPod
 
 INSTALL_HINT = "HAProxy is not installed: run scripts/install_haproxy.sh (apt-get install haproxy)"
@@ -71,12 +73,6 @@ class AccessLogEntry:
     status: int
     total_ms: int
     termination: str  # HAProxy's two-letter session state, "--" for a normal end
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def render_config(

@@ -30,11 +30,12 @@ from typing import Any
 import httpx
 
 from ministream_sidecar.engine_client import parse_request_counts
+from ministream_testkit.net import free_port
 
 from .chart_pod import ChartPod, chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
-from .haproxy import Slot, free_port
+from .haproxy import Slot
 from .probes import PodProbes
 from .records import latency_summary, load_records
 from .reports import write_json

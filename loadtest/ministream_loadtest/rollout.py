@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ministream.versions import vllm_version
+from ministream_testkit.provenance import vllm_version
 
 from .chart_pod import DEFAULT_CHART, ChartPod, RolloutMode, chart_pod
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec

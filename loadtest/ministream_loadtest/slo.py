@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ministream.versions import vllm_version
+from ministream_testkit.provenance import vllm_version
 
 from .engine import ENGINE_NAME, PERCENTILE_METRICS, PERCENTILES
 from .records import failure_counts, failure_examples, load_records

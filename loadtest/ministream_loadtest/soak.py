@@ -24,10 +24,12 @@ from typing import Any
 import httpx
 import numpy as np
 
+from ministream_testkit.net import free_port
+
 from .chart_pod import chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
-from .haproxy import Slot, free_port
+from .haproxy import Slot
 from .records import latency_summary, load_records
 from .reports import write_json
 

@@ -22,16 +22,13 @@ def register() -> None:
     """Register the MiniStream architecture and its `ministream` config type with vLLM.
 
     With `MINISTREAM_SIDECAR_STARTUP_LOG` set, also stamp this process's vLLM log lines into
-    that file for the sidecar's cold-start phases (ministream_sidecar.startup_log)."""
+    that file for the sidecar's cold-start phases (ministream.startup_log)."""
     import os
 
-    try:  # standard library only; shipped in the same wheel
-        from ministream_sidecar import startup_log
-    except ImportError:  # the plugin's directory alone on PYTHONPATH: no startup log
-        pass
-    else:
-        if path := os.environ.get(startup_log.ENV):
-            startup_log.attach(path)
+    from ministream import startup_log  # standard library only
+
+    if path := os.environ.get(startup_log.ENV):
+        startup_log.attach(path)
 
     from vllm import ModelRegistry
 

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ministream_testkit.helm import helm_path
+
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP_ENV = {
     "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "requests",
@@ -55,10 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--values", default=str(ROOT / "charts/ministream/ci/local-tp1-values.yaml")
     )
-    parser.add_argument("--helm", default=str(ROOT / ".tools/bin/helm"))
+    parser.add_argument("--helm", help="helm binary (default: helm_path's lookup)")
     args = parser.parse_args(argv)
     rendered = subprocess.run(
-        [args.helm, "template", "cold-start", str(ROOT / "charts/ministream"), "-f", args.values],
+        [
+            helm_path(args.helm),
+            "template",
+            "cold-start",
+            str(ROOT / "charts/ministream"),
+            "-f",
+            args.values,
+        ],
         check=True,
         capture_output=True,
         text=True,

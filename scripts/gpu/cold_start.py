@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ministream_sidecar.startup_log import ENV as STARTUP_LOG_ENV
+from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar.startup_phases import PHASES, parse
 from ministream_testkit.provenance import stamp
 

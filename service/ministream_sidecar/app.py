@@ -14,6 +14,8 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ministream.startup_log import process_start_time
+
 from . import __version__
 from .api import build_router
 from .api.errors import install_error_handlers
@@ -23,7 +25,6 @@ from .events import EventRecorder, build_event_recorder
 from .metrics import SidecarMetrics
 from .monitor import HealthMonitor, ModelResolver
 from .settings import SidecarSettings
-from .startup_log import process_start_time
 from .state import ServingState
 from .warmup import WarmupRunner
 

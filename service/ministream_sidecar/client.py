@@ -41,7 +41,9 @@ def sidecar_url(env: Mapping[str, str] = os.environ) -> str:
 
 
 @dataclass(frozen=True)
-class DrainResult:
+class DrainAnswer:
+    """What POST /drain answered (the sidecar's own outcome is drain.DrainResult)."""
+
     status: int | None  # HTTP status; None when no answer came
     body: dict[str, Any] | None  # the sidecar's DrainBody
     error: str | None
@@ -55,7 +57,7 @@ class DrainResult:
         return asdict(self)
 
 
-def drain(url: str, *, timeout: float, token: str | None = None) -> DrainResult:
+def drain(url: str, *, timeout: float, token: str | None = None) -> DrainAnswer:
     """POST {url}/drain and wait for the answer: the sidecar turns unready at once, then
     answers when vLLM is idle or after its own drain timeout (`timeout`, seconds)."""
     request = urllib.request.Request(f"{url.rstrip('/')}/drain", data=b"", method="POST")
@@ -72,7 +74,7 @@ def drain(url: str, *, timeout: float, token: str | None = None) -> DrainResult:
         status, error = exc.code, exc.read(512).decode(errors="replace")
     except (OSError, ValueError) as exc:  # refused, timed out, or not JSON
         error = f"{type(exc).__name__}: {exc}"
-    return DrainResult(status, body, error, round(time.monotonic() - began, 3))
+    return DrainAnswer(status, body, error, round(time.monotonic() - began, 3))
 
 
 def ready(url: str, timeout: float = READY_TIMEOUT_SECONDS) -> bool:

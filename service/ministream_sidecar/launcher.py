@@ -35,7 +35,9 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from . import client, cpu_memory, startup_log
+from ministream import startup_log
+
+from . import client, cpu_memory
 from .client import ENV_PREFIX
 from .output_tail import exit_reason
 from .processes import Child

@@ -21,7 +21,7 @@ class ColdStartPhase(str, enum.Enum):
     """Cold-start phases, each measured once, at the first cold start of the pod.
 
     The sidecar's own: engine_start, warmup, total. Inside vLLM's start, from its startup
-    log (startup_log.py; startup_phases.py defines each, with the markers): imports ...
+    log (ministream/startup_log.py; startup_phases.py defines each, with the markers): imports ...
     api_server_up, consecutive, so they add up to vLLM's start; compile and profiling
     split profiling_and_compile."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from . import startup_log, startup_phases
+from ministream import startup_log
+
+from . import startup_phases
 from .engine_client import Health, VLLMClient
 from .errors import ModelUnknown, SidecarError
 from .metrics import SidecarMetrics

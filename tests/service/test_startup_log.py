@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ministream_sidecar import startup_log
+from ministream import startup_log
 from ministream_sidecar import startup_phases as phases
 from ministream_sidecar.metrics import ColdStartPhase, SidecarMetrics
 from ministream_sidecar.state import ServingState
@@ -102,7 +102,7 @@ def test_attach_stamps_the_top_process_and_its_children(tmp_path: Path) -> None:
     code = (
         "import logging, multiprocessing, sys\n"
         "from pathlib import Path\n"
-        "from ministream_sidecar import startup_log\n"
+        "from ministream import startup_log\n"
         "from tests.service.test_startup_log import _log_into\n"
         "if __name__ == '__main__':\n"
         "    p = Path(sys.argv[1])\n"
@@ -142,7 +142,7 @@ def test_the_file_stops_growing_at_its_cap(tmp_path: Path) -> None:
     path = tmp_path / "startup.log"
     code = (
         "import logging, sys\n"
-        "from ministream_sidecar import startup_log\n"
+        "from ministream import startup_log\n"
         "startup_log.attach(sys.argv[1], max_bytes=200)\n"
         "logging.config.dictConfig({'version': 1, 'incremental': False})  # as vLLM does\n"
         "for i in range(100): logging.getLogger('vllm.x').warning('line %d with text', i)\n"

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .client import ENV_PREFIX
-
-ENV = f"{ENV_PREFIX}STARTUP_LOG"
+# The sidecar's setting of the same name (MINISTREAM_SIDECAR_*): both sides read the file
+# (docs/architecture.md, "The startup log").
+ENV = "MINISTREAM_SIDECAR_STARTUP_LOG"
 MAX_BYTES = 1 << 20
 START_MARKER = "ministream: server process started"
 _LOGGER = "vllm"
