@@ -1,4 +1,4 @@
-"""`make bench-load`: cold-start time and weight throughput of each loading path (DESIGN §6).
+"""`make bench-load`: cold-start time and weight throughput of each loading path (docs/loading.md).
 
 For one model (default preset `bench-1b`, ~1.2 GB in bfloat16) this script
 1. builds it (demo checkpoint → `ministream convert`), uploads it to a local S3 server (moto,

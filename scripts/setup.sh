@@ -29,7 +29,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[$extras]"
   # The registry's torchvision/torchaudio/torchcodec are built for CUDA torch and break
-  # `import transformers` beside the CPU torch (DESIGN §8); vLLM's CPU build needs none.
+  # `import transformers` beside the CPU torch (docs/architecture.md §3); vLLM's CPU build needs none.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
 fi

@@ -2,7 +2,7 @@
 test tiers.
 
 Engine start costs ~20-60 s on these CPUs, so every test module that needs a running
-server shares `vllm_server` (DESIGN §8, "start each server once per test session").
+server shares `vllm_server` (docs/architecture.md §3, "start each server once per test session").
 
 Tiers (markers, registered in pyproject.toml): `engine` tests run the real vLLM engine
 (`make unit` leaves them out), `network` tests talk to local servers over loopback, `root`

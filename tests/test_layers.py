@@ -71,9 +71,12 @@ def violations() -> list[str]:
                 continue
             if top not in MAY_IMPORT[package] and (module, top) not in EXCEPTIONS:
                 bad.append(f"{module} imports {name}")
-            if package == "ministream_sidecar" and top == "ministream":
-                if name not in SIDECAR_FROM_PLUGIN:
-                    bad.append(f"{module} imports {name} (the sidecar has no torch)")
+            if (
+                package == "ministream_sidecar"
+                and top == "ministream"
+                and (name not in SIDECAR_FROM_PLUGIN)
+            ):
+                bad.append(f"{module} imports {name} (the sidecar has no torch)")
     return bad
 
 

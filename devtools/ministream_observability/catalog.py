@@ -6,7 +6,8 @@ named by their base (queries add `_bucket`, `_sum`, `_count`). Sources:
 - `vllm`: vLLM 0.32's own metrics (`vllm/v1/metrics/loggers.py`; labels `model_name`,
   `engine`) and the HTTP metrics of its API server (prometheus-fastapi-instrumentator;
   labels `handler`, `method`, `status` in classes `2xx`, `4xx`, `5xx`).
-- `sidecar`: the sidecar's `ministream_*` contract (DESIGN §7, `ministream_sidecar/metrics.py`).
+- `sidecar`: the sidecar's `ministream_*` contract (docs/architecture.md §1.7,
+  `ministream_sidecar/metrics.py`).
 - `cluster`: kube-state-metrics. They cannot exist in a local scrape, so they form the only
   allow-list the live-scrape test exempts (`CLUSTER_ONLY`).
 

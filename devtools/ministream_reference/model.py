@@ -1,7 +1,7 @@
 """Reference MiniStream in plain PyTorch: the numerics every other path is checked against.
 
-Written straight from the semantics in DESIGN §3, sharing no code with the vLLM model:
-pre-norm residual blocks, float32 RMSNorm, NeoX RoPE over the whole head_dim, causal GQA
+Written straight from the semantics in docs/architecture.md §1.1, sharing no code with the
+vLLM model: pre-norm residual blocks, float32 RMSNorm, NeoX RoPE over the whole head_dim, causal GQA
 attention scaled by 1/sqrt(head_dim), SiLU-gated MLP, tied or separate head.
 
 It runs a converted directory (`from_pretrained`) or a raw training checkpoint

@@ -1,7 +1,7 @@
 """A real vLLM OpenAI server process for tests (CPU build), started once and shared.
 
 `python -m vllm.entrypoints.openai.api_server` is used instead of the `vllm` console
-script, which the CPU build breaks (DESIGN §8).
+script, which the CPU build breaks (docs/architecture.md §3).
 """
 
 from __future__ import annotations

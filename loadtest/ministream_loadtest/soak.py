@@ -1,6 +1,6 @@
 """Soak: one pod under moderate load for a bounded time, its memory sampled all along.
 
-Issue 15 asks that the sidecar's memory stay flat over a long run. The pod is the chart's
+The sidecar's memory must stay flat over a long run. The pod is the chart's
 (vLLM + sidecar, the rendered settings, as in the overload and rollout runs); `vllm bench
 serve` sends Poisson arrivals at `rate` requests/s for `minutes`; every `interval` seconds
 the resident set size (VmRSS) of the sidecar process and of vLLM's whole process group (API

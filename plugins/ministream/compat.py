@@ -37,7 +37,7 @@ def rope_parameters(config: Any) -> dict[str, Any]:
 
 
 def make_rope(config: Any, head_dim: int) -> nn.Module:
-    """NeoX (rotate-half) RoPE over the whole head_dim (DESIGN §3)."""
+    """NeoX (rotate-half) RoPE over the whole head_dim (docs/architecture.md §1.1)."""
     return get_rope(
         head_dim,
         max_position=config.max_position_embeddings,

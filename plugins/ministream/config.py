@@ -1,6 +1,6 @@
 """`MiniStreamConfig`: the Hugging Face config class of a converted MiniStream directory.
 
-`config.json` (DESIGN §4) deserialises into it; `register_auto_config()` makes
+`config.json` (docs/architecture.md §1.2) deserialises into it; `register_auto_config()` makes
 `AutoConfig` (and so vLLM) resolve `model_type: "ministream"`.
 """
 

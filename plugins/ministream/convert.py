@@ -137,7 +137,7 @@ def _copy_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
 
 
 def _refuse_paths_outside(root: Path, files: list[Path]) -> None:
-    """A tokenizer must not smuggle in files from elsewhere (issue 15): no file that is a
+    """A tokenizer must not smuggle in files from elsewhere: no file that is a
     link leading out of its directory (copy2 would copy the target), and no `*_file` entry
     of tokenizer_config.json naming a path outside the model directory."""
     from ministream.member_names import is_member_name
@@ -269,7 +269,8 @@ def convert(
             + "\n"
         )
         hf_config = cfg.to_hf(torch_dtype=dtype).to_dict()
-        hf_config["torch_dtype"] = dtype  # DESIGN §4 names it; transformers 5 reads "dtype"
+        # docs/architecture.md §1.2 names it; transformers 5 reads "dtype"
+        hf_config["torch_dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         (tmp / "generation_config.json").write_text(
             json.dumps(

@@ -2,7 +2,7 @@
 
 Every such name is read as a path under the model directory (verify, upload, download,
 load). A hostile or corrupt file naming `../../etc/passwd`, `/etc/shadow` or `C:\\x` would
-make those read or write outside it (issue 15), so a name must be a plain relative POSIX
+make those read or write outside it, so a name must be a plain relative POSIX
 path of ordinary parts.
 """
 

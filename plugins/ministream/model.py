@@ -1,7 +1,7 @@
 """MiniStream for vLLM: a Llama-shaped decoder built from vLLM's tensor-parallel layers.
 
-Imported lazily by vLLM (the plugin registers `"ministream.model:MiniStreamForCausalLM"`),
-so nothing here runs in processes that never build the model.
+The plugin's `register()` imports this module and registers the class itself (why not a lazy
+`"module:Class"` string: `ministream/__init__.py`). Nothing here touches a device at import.
 
 Tensor parallelism: q/k/v are one `QKVParallelLinear` (KV heads are replicated when the TP
 size exceeds their count), gate/up one `MergedColumnParallelLinear`; o/down are
@@ -360,7 +360,7 @@ class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
         vLLM 0.25 and 0.32 give a whole-stream `get_cache_scale_mapper()` (their Llama
         applies it through AutoWeightsLoader); older releases had a per-name
         `get_cache_scale()`. Calling the old one on 0.25.1 failed every quantized load
-        (`--quantization fp8`, H200, issue 17).
+        (`--quantization fp8`, H200).
         """
         quant_config = self.quant_config
         mapper = getattr(quant_config, "get_cache_scale_mapper", None)

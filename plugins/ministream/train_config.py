@@ -1,7 +1,7 @@
 """`train_config.json`: the training framework's own description of a MiniStream model.
 
-Read exactly as the framework writes it (DESIGN §3) and validated; `to_hf()` gives the
-Hugging Face config of the converted directory. No heavy imports: the CLI builds its
+Read exactly as the framework writes it (docs/architecture.md §1.1) and validated; `to_hf()`
+gives the Hugging Face config of the converted directory. No heavy imports: the CLI builds its
 parser from this module.
 """
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ministream.config import MiniStreamConfig
 
 
-# Upper bounds of a config's sizes, checked before anything is allocated (issue 15: a
+# Upper bounds of a config's sizes, checked before anything is allocated (a
 # config.json with vocab_size 10^12 or 10^6 layers must be refused, not tried). Each is far
 # above any released model (vocab 256k, 126 layers, d_model 16k, d_ff 53k, 1M context).
 LIMITS: dict[str, int] = {

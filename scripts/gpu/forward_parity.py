@@ -13,7 +13,7 @@ tokens (mean context = `--context`); its figure is the median forward time of th
 decode steps. `prefill:PxL` = P prompts of L tokens, max_tokens=1; its figure is the
 median forward time of `--prefill-reps` back-to-back prefills (one short burst after the
 host-side set-up of a rep lands on a GPU that has idled: single prefills of one shape took
-10.5-38.7 ms from round to round in every engine, issue 17). Prefix caching is off, so
+10.5-38.7 ms from round to round in every engine). Prefix caching is off, so
 every prefill computes.
 
 Reported per shape: parity = t(llama_a) / t(plugin) per round (> 1: the plugin is faster)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "plugin":
                     steps_used[spec].append(used)
             same_tokens[spec].append(tokens["plugin"] == tokens["llama_a"])
-            # The control for the line above: on the H200 (issue 17) plugin and llama_a
+            # The control for the line above: on the H200 plugin and llama_a
             # differed in 1-2 of 6 reps at batch >= 16; do two identical engines too?
             same_tokens_aa[spec].append(tokens["llama_b"] == tokens["llama_a"])
         rounds += 1

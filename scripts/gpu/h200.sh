@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The GPU part of issue 6, run on the lent H200 (vLLM 0.25.1 unpacked to /tmp/site, see
-# ../shared/gpu/README.md). Three steps, each one `run` call, back to back:
+# The GPU runs, on a lent H200 (vLLM 0.25.1 unpacked to /tmp/site: docs/benchmarks.md, "H200"). Three steps, each one `run` call, back to back:
 #   bash scripts/gpu/h200.sh models          # with .gpuxfer/cur1: writes test models to ~/m
 #   bash scripts/gpu/h200.sh bench  "$OUT"   # with .gpuxfer/cur2: golden + cold start per engine
 #   bash scripts/gpu/h200.sh throughput "$OUT"  # plugin vs Llama side by side, both shapes
 #   bash scripts/gpu/h200.sh loaders "$OUT"  # cold start per loader + raw disk bandwidth
 #                                            # (LOADERS="sharded" for one; runai needs .whl carried)
-# Issue 17 (parity that reproduces, time to Ready, FP8), gpu-1b only:
+# Parity that reproduces, time to Ready, FP8 (gpu-1b only):
 #   REFERENCE=1 PRESETS=gpu-1b bash scripts/gpu/h200.sh models "$OUT"  # + fp32 reference golden
 #   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
 #     PARITY_SHAPES (default: the script's six), PARITY_ROUNDS, PARITY_BUDGET (s of rounds),
@@ -22,8 +21,8 @@
 #     the page cache first), NAME-prefetch (the model and cache root read beside the start),
 #     NAME-pyc (a name only, kept for older runs); DEADLINE=<epoch s> skips variants that
 #     could not finish before it; COLD_LIMIT (s per run, default 200), COLD_LIMIT_FRESH (s
-#     per *-fresh run, default COLD_LIMIT): a fresh-cache start took > 95 s on 2026-12-01.
-#     The API server needs packages ../shared/gpu does not pack: carry `.whl` (uvicorn,
+#     per *-fresh run, default COLD_LIMIT): a fresh-cache start can take > 95 s.
+#     The API server needs packages the vLLM transfer does not pack: carry `.whl` (uvicorn,
 #     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
@@ -316,7 +315,7 @@ PY
       [ $nopyc = 1 ] && { rm -rf /tmp/nopyc; pycenv=(PYTHONPYCACHEPREFIX=/tmp/nopyc); }
       wait_gpu_free
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
-      # makes cold_start.py stop the server and write what it has (issue 17's first
+      # makes cold_start.py stop the server and write what it has (the first
       # fresh-start runs were killed by a bare `timeout` and wrote nothing).
       env "${pycenv[@]}" timeout -s INT -k 30 $limit python3 scripts/gpu/cold_start.py run \
         --name "$name${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \

@@ -1,4 +1,4 @@
-"""Where a vLLM server's import time goes (issue 17: imports are most of a warm start).
+"""Where a vLLM server's import time goes (imports are most of a warm start).
 
 Imports the modules each of the server's two processes needs, group by group, in a fresh
 interpreter under `python -X importtime`, and reports each group's wall time and the

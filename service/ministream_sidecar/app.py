@@ -111,7 +111,7 @@ def create_app(
         title="MiniStream sidecar",
         version=__version__,
         description="Health, readiness, warmup gate, drain and cold-start metrics around "
-        "`vllm serve` (DESIGN §7).",
+        "`vllm serve` (docs/architecture.md §1.5).",
         lifespan=lifespan,
     )
     install_error_handlers(app)
@@ -127,7 +127,7 @@ def create_app(
 
 # A header block larger than this is refused (h11 answers 400 and closes) instead of being
 # buffered: uvicorn's default httptools parser keeps every header of a flood in memory
-# (measured: 20 MB of headers grew the sidecar's RSS by 24 MB; issue 15).
+# (measured: 20 MB of headers grew the sidecar's RSS by 24 MB).
 MAX_HEADER_BYTES = 16 * 1024
 
 

@@ -2,7 +2,7 @@
 
 Designed for a `preStop` hook: Kubernetes stops routing to an unready pod, the requests
 already inside vLLM finish, and only then does the kubelet send SIGTERM, which vLLM meets
-with `--shutdown-timeout` (DESIGN §8). terminationGracePeriodSeconds must cover
+with `--shutdown-timeout` (docs/architecture.md §3). terminationGracePeriodSeconds must cover
 DRAIN_TIMEOUT_SECONDS + vLLM's shutdown timeout + a margin.
 
 Idleness comes from vLLM's own gauges `vllm:num_requests_running` and

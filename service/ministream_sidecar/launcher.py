@@ -3,15 +3,15 @@
     ministream up --model DIR [--port 8000] [--sidecar-port 8081] [--host 127.0.0.1]
                   [-- EXTRA_VLLM_ARGS...]
 
-Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script
-is broken, DESIGN §8) and `python -m ministream_sidecar`, each in its own session so that a
-terminal's Ctrl-C reaches only this launcher (`processes.Child`, the lifecycle the rollout
-experiment's pods use too). On SIGINT or SIGTERM it drains through the sidecar with
-`client.drain`, the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which
-got `--shutdown-timeout`), then stops the sidecar. A second signal skips what is left of the
-drain. If vLLM or the sidecar dies on its own, the other is stopped and the exit status is
-non-zero, and when vLLM exits so the last line is vLLM's own reason (from the tail of its
-output, which still reaches the terminal live).
+Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script is
+broken, docs/architecture.md §3) and `python -m ministream_sidecar`, each in its own session so that
+a terminal's Ctrl-C reaches only this launcher (`processes.Child`, the lifecycle the rollout
+experiment's pods use too). On SIGINT or SIGTERM it drains through the sidecar with `client.drain`,
+the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which got
+`--shutdown-timeout`), then stops the sidecar. A second signal skips what is left of the drain. If
+vLLM or the sidecar dies on its own, the other is stopped and the exit status is non-zero; when
+vLLM is the one that exited, the last line is vLLM's own reason (from the tail of its output, which
+still reaches the terminal live).
 
 On vLLM's CPU build the KV cache is sized to fit this machine (`cpu_memory`) unless the user
 sized it: vLLM's own default reserves 92 % of the memory and refuses to start when that much

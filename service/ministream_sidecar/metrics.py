@@ -1,7 +1,7 @@
 """The sidecar's own Prometheus metrics, in their own registry (never the global one).
 
-Names are a contract (DESIGN §7, dashboards and alerts rely on them). vLLM's `vllm:*`
-metrics are scraped from vLLM directly and never copied here.
+Names are a contract (docs/architecture.md §1.7: dashboards and alerts rely on them). vLLM's
+`vllm:*` metrics are scraped from vLLM directly and never copied here.
 """
 
 from __future__ import annotations

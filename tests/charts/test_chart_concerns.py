@@ -67,7 +67,7 @@ def env_value(c: dict[str, Any], name: str) -> str | None:
 
 
 def tp_of(values: dict[str, Any]) -> int:
-    # parallelism.tensor, or its older name tensorParallelSize (issue 16).
+    # parallelism.tensor, or its older name tensorParallelSize.
     return values["parallelism"]["tensor"] or values.get("tensorParallelSize") or 1
 
 

@@ -1,4 +1,4 @@
-"""Extension points users would otherwise fork the chart for (issue 14): extra volumes, mounts,
+"""Extension points users would otherwise fork the chart for: extra volumes, mounts,
 init and extra containers, envFrom, pod annotations on every workload, an image pinned by
 digest, and S3 through the pod's workload identity instead of a key Secret. Each renders where
 it must and passes kubernetes-validate's strict schemas on every supported version."""

@@ -1,4 +1,4 @@
-"""Fleet scale (issue 14): autoscaling on vLLM's queue, inference-gateway routing, rollout and
+"""Fleet scale: autoscaling on vLLM's queue, inference-gateway routing, rollout and
 disruption control, pod spreading, and the NetworkPolicy letting the scraper in.
 
 Each property is read from the rendered objects (the pod's probes and drain, the monitors'
@@ -521,7 +521,7 @@ def test_scraper_reaches_every_scraped_port(rendered: Rendered, values: dict[str
 def test_scrape_check_catches_the_old_runai_streamer_values(tmp_path: Path) -> None:
     """Mutation: the NetworkPolicy the runai-streamer scenario used to render (monitoring let
     onto the sidecar port only, schema check skipped) blocks vLLM's own /metrics on 8000 —
-    the scrape-down alert of issue 14."""
+    the scrape-down alert."""
     old = write(
         tmp_path,
         {
@@ -562,7 +562,7 @@ def _sidecar_env(rendered: Rendered) -> dict[str, Any]:
 
 
 def test_closed_by_default() -> None:
-    """Issue 15: with no networkPolicy or control values at all, the NetworkPolicy is on, the
+    """With no networkPolicy or control values at all, the NetworkPolicy is on, the
     API and the sidecar are open to the namespace only, both scraped ports to `monitoring`,
     /warmup and /drain answer loopback only, and an empty API key stops the pod."""
     out = render(BASE)

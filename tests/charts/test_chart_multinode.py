@@ -1,4 +1,4 @@
-"""Multi-node serving (issue 16): `parallelism.tensor` x `parallelism.pipeline` over
+"""Multi-node serving: `parallelism.tensor` x `parallelism.pipeline` over
 `accelerator.perNode`; one node keeps the Deployment, more render a LeaderWorkerSet whose
 leader runs the Ray head, vLLM and the sidecar and whose workers join it as Ray nodes.
 

@@ -44,7 +44,7 @@ def test_every_required_configuration_has_a_scenario() -> None:
     assert any("type: cpu" in v for v in values)
     assert any("serviceMonitor:\n    enabled: true" in v for v in values)
     assert any("monitoring:" not in v for v in values)
-    # Fleet scale (issue 14): autoscaled, gateway-routed, zone-spread (the chart's default).
+    # Fleet scale: autoscaled, gateway-routed, zone-spread (the chart's default).
     assert any("autoscaling:\n  enabled: true" in v for v in values)
     assert any("gateway:\n  enabled: true" in v for v in values)
     assert any("autoscaling:" not in v for v in values)

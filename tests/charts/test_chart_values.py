@@ -94,7 +94,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
         },
         ["endpoint"],
     ),
-    # Fleet scale (issue 14).
+    # Fleet scale.
     "rollout-both-zero": ({"rollout": {"maxSurge": 0, "maxUnavailable": 0}}, ["maxUnavailable"]),
     "rollout-surge-zero-with-surge-preset": ({"rollout": {"maxSurge": "0%"}}, ["maxSurge"]),
     "rollout-unavailable-zero-with-inplace-preset": (

@@ -1,6 +1,6 @@
 """The chart's own pod, run from the images: `helm template` for the CPU `local` mode
-(ci/cpu-local-tp1-values.yaml, the tiny model on the hostPath), the rendered Deployment's pod
-played by `podman kube play` (the closest thing to a kubelet here: no API server, DESIGN §10)
+(ci/cpu-local-tp1-values.yaml, the tiny model on the hostPath), the rendered Deployment's pod played
+by `podman kube play` (the closest thing to a kubelet here: no API server; docs/architecture.md §3)
 with the translations of `ministream_loadtest.kube_play` (listed in docs/images.md), then:
 
 - the OpenAI API answers on the rendered port, at the pod's own IP as a Service reaches it;
@@ -285,7 +285,7 @@ def test_prestop_drains_the_pod(chart_pod: ChartPodRun) -> None:
     request.start()
     # The hook should find the request running in vLLM (480 tokens: seconds on the tiny
     # model). On a starved machine one /metrics poll can outlast the whole request, so a
-    # request already finished ends the wait too (CI, 2026-12-01), as the fixed sleep did.
+    # request already finished ends the wait too, as the fixed sleep did.
     wait_until(
         lambda: (
             not request.is_alive() or request_counts(chart_pod.url(chart_pod.api_port, ""))[0] >= 1

@@ -3,10 +3,9 @@
 one replica of the tiny model behind HAProxy, one surge replacement under 4 requests/s, the
 rendered preStop drain run in the old pod's vLLM container before SIGTERM: no request fails.
 
-Opt-in (MINISTREAM_IMAGE_ROLLOUT=1), and so skipped in CI with that reason: it took 310 s on
-the 2-core CI machine (2026-12-01: 885 sent, 0 failed), on top of a cold image build (5-8 min)
-and the other image tests (~2 min), which with it would pass the ~15 min of CI's 60 that the
-image tests may spend whenever the machine is busy (docs/images.md). `make bench-serve` runs
+Opt-in (MINISTREAM_IMAGE_ROLLOUT=1), and so skipped in CI with that reason: it takes minutes
+on the 2-core CI machine on top of a cold image build and the other image tests, more than
+the share of CI's budget that the image tests may spend (docs/images.md). `make bench-serve` runs
 the full drain/control pair (docs/benchmarks.md).
 """
 

@@ -41,7 +41,7 @@ BASE_ARGS = TINY_ENGINE_ARGS  # as the session's `vllm_server`, the baseline eve
 # Engine starts take ~1 min on an idle 2-core box and >7 min when other engineers' engines
 # share it (load average 25 seen): generous limits, so only a real hang fails.
 START_TIMEOUT = 1800.0
-TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # DESIGN §8: TP=2 on two cores
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # docs/architecture.md §3: TP=2 on two cores
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Every loading failure of issue 3 ends the real vLLM server with a clear error: nothing served.
+"""Every loading failure ends the real vLLM server with a clear error: nothing served.
 
 Each case starts `vllm.entrypoints.openai.api_server` and requires that it exits non-zero
 without `/health` ever answering 200, and that its log carries the message a user needs.

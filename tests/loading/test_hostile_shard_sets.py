@@ -1,4 +1,4 @@
-"""A truncated shard set on S3 (issue 15), against the real moto S3 server: refused by the load
+"""A truncated shard set on S3, against the real moto S3 server: refused by the load
 guard with what is missing or short, before vLLM reads a weight. No engine needed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The four loading paths of DESIGN §6 serve the same greedy tokens as the local TP=1 load.
+"""The four loading paths of docs/loading.md serve the same greedy tokens as the local TP=1 load.
 
 One real vLLM server per path (CPU build, float32, eager), queried over the OpenAI API; the
 local TP=1 load is the session's shared server (tests/conftest.py). Sharded loads also prove

@@ -2,7 +2,7 @@
 
 Whether the shards *serve* the right model is tested in test_paths.py (same greedy tokens at
 TP=2 as the local TP=1 load); here: what is written, that nothing is missing (vLLM's own CPU
-save drops every linear weight, DESIGN §8), and that a second run is a quick no-op.
+save drops every linear weight, docs/architecture.md §3), and that a second run is a quick no-op.
 """
 
 from __future__ import annotations

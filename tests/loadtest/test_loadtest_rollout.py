@@ -38,8 +38,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(3600)
 RATE = "4"
 # The control run's endpoint lag (the default is 2 s): a request reaches a pod that already got
 # SIGTERM only within it. At 2 s, runs lost 3-6 requests over two restarts, so P(none) was a
-# few percent; at 6 s about 3x as many are expected (25-31 over two restarts in CI runs, so
-# about 12 for the one restart CI now makes), and P(none) stays far below 1e-4.
+# few percent; at 6 s about 3x as many are expected, and P(none) stays far below 1e-4.
 CONTROL_ENDPOINT_LAG = "6"
 VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -86,9 +86,9 @@ def _run_producer(kind: str, raw: Path, out: Path) -> None:
     """Write a checkpoint as a training job would (tests/plugins/layout_producers.py).
 
     A failed attempt is retried once, in a fresh directory: the producer stands in for the
-    training framework and is not under test. In one run (CI on 2026-12-01, a busy machine)
-    the two-rank gloo producer exited non-zero after both ranks had written their shards but
-    before `.metadata`; its error text was not kept then. It is now, in the failure message.
+    training framework and is not under test: on a busy machine the two-rank gloo producer
+    has exited non-zero after both ranks wrote their shards but before `.metadata`. Its
+    error text goes into the failure message.
     """
     errors = []
     for _ in range(2):

@@ -309,7 +309,7 @@ def test_fp8_compare_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_quantized_load_maps_kv_cache_scale_names() -> None:
     """The plugin's quantized-load path on this vLLM: the quant config's mapper renames
-    checkpoint KV-scale names (issue 17: the old per-name `get_cache_scale` call failed
+    checkpoint KV-scale names (the old per-name `get_cache_scale` call failed
     every `--quantization fp8` load on vLLM 0.25 and 0.32)."""
     from types import SimpleNamespace
 

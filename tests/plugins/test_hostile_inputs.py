@@ -1,4 +1,4 @@
-"""Hostile and corrupt inputs to the plugin's parsers (issue 15): each is refused with an error
+"""Hostile and corrupt inputs to the plugin's parsers: each is refused with an error
 that says what is wrong, before anything large is read or allocated, and leaves nothing behind.
 
 Also here, kept where it was: a pickle checkpoint that needs code to load is refused

@@ -1,4 +1,4 @@
-"""Who may call POST /warmup and POST /drain (issue 15): loopback only unless
+"""Who may call POST /warmup and POST /drain: loopback only unless
 MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK, the token on top; probes and /metrics stay open.
 
 The non-loopback peer is the ASGI app seen through `httpx.ASGITransport(client=...)`: a real

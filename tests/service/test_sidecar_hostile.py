@@ -1,4 +1,4 @@
-"""Oversized bodies and header floods against the real sidecar process (issue 15): refused
+"""Oversized bodies and header floods against the real sidecar process: refused
 (413, or 400 and a closed connection), with the process's RSS staying bounded.
 
 The sidecar runs as `python -m ministream_sidecar` (the chart's entry point, with its uvicorn

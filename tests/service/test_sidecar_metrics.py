@@ -14,7 +14,7 @@ from ministream_testkit.waiting import wait_until
 # Each test runs the sidecar under uvicorn on a loopback port.
 pytestmark = pytest.mark.network
 
-# The contract (DESIGN §7 and issue 4; dashboards and alerts rely on these names).
+# The contract (docs/architecture.md §1.7): dashboards and alerts rely on them.
 DOCUMENTED = {
     "ministream_ready": "gauge",
     "ministream_draining": "gauge",

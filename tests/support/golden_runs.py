@@ -22,7 +22,7 @@ MAX_TOKENS = 16
 
 def rank_binding(world: int) -> str:
     """`VLLM_CPU_OMP_THREADS_BIND` for `world` ranks: one core each, round robin over the
-    cores there are (DESIGN §8: TP=2 on two cores; 4 ranks on 2 cores share them)."""
+    cores there are (docs/architecture.md §3: TP=2 on two cores; 4 ranks on 2 cores share them)."""
     cores = os.cpu_count() or 1
     return "|".join(str(rank % cores) for rank in range(world))
 

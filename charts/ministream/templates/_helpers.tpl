@@ -10,7 +10,7 @@ Helpers of the ministream chart, one file per concern:
   _pod.tpl      the serving pod (Deployment, or a LeaderWorkerSet's leader and workers)
   _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the Ray head and workers
 Every name is cut to 63 characters (the DNS-label limit of object names and label values).
-Fixed ports (DESIGN §7): vLLM serves the OpenAI API, /health and /metrics on 8000; the
+Fixed ports (docs/architecture.md §1.5): vLLM serves the OpenAI API, /health and /metrics on 8000; the
 sidecar serves /livez, /readyz, /warmup, /drain and /metrics on 8081.
 */}}
 

@@ -1,11 +1,11 @@
 {{/*
-Parallel layout and multi-node serving (issue 16): how many accelerators and pods one model
+Parallel layout and multi-node serving: how many accelerators and pods one model
 replica takes, and the Ray head and workers of a LeaderWorkerSet group when it spans nodes.
 */}}
 
 {{/*
 The one tensor-parallel size of the release: parallelism.tensor, or its older name
-tensorParallelSize (kept as an alias: every scenario and script written before issue 16 sets
+tensorParallelSize (kept as an alias: every scenario and script written before parallelism.* existed sets
 it); 1 when neither is set. Both set to different values is refused. The schema requires one
 of them for the sharded modes.
 */}}

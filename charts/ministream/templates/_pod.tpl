@@ -1,5 +1,5 @@
 {{/*
-The serving pod, one template for every workload that runs it (issue 16):
+The serving pod, one template for every workload that runs it:
   role "server"  the Deployment's pod (one node holds the whole replica)
   role "leader"  a LeaderWorkerSet group's leader: the same pod, vLLM started after a Ray head
   role "worker"  a group's other pods: one Ray node each (templates/_multinode.tpl), no sidecar,
