@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 # (docs/sidecar.md); the benchmarks below pin theirs (GiB) so that their results compare.
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit images bench-plugin bench-convert bench-load bench-serve bench-overload soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-overload soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ wheel-check:  ## build the wheel, install it into a fresh venv, run each command
 
 unit: setup-test  ## the fast tests only (no vLLM engine)
 	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+chart-snapshots: setup-test  ## re-render tests/charts/snapshots/ after an intended chart change (the diff is the review)
+	$(PY) tests/charts/test_chart_snapshots.py --update
 
 # The images first (`make images`; without root it says so and the image tests are skipped
 # with that reason); the layer cache and the bootstrapped base make a second run on the same
