@@ -143,6 +143,8 @@ def machine() -> dict[str, Any]:
         "arch": platform.machine(),
         "kernel": platform.release(),
         "gpu": gpus(),  # [] = no GPU
+        # How busy the machine was when the result was written: shared CPU machines are noisy.
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

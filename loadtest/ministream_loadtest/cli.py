@@ -1,4 +1,4 @@
-"""`ministream-loadtest`: SLO reports and the rolling-restart experiment.
+"""`ministream-loadtest`: SLO reports, the rolling-restart experiment, overload and soak.
 
     ministream-loadtest run --scenario short-chat [--scenario FILE ...] --base-url URL
                             --output-dir DIR [--model NAME] [--tokenizer PATH] [--dry-run]
@@ -9,7 +9,14 @@
                             [--rollout-mode surge|inPlace] [--restarts K]
                             [--rate R] [--duration S] [--endpoint-lag S]
                             [--runtime process|podman] [-- VLLM_ARGS...]
+    ministream-loadtest overload --model DIR --output FILE.json [--levels 1,2,5]
+                            [--level-seconds S] [--chart-set KEY=JSON ...] [-- VLLM_ARGS...]
+    ministream-loadtest soak --model DIR --output FILE.json [--minutes M] [--rate R]
+                            [--interval S] [-- VLLM_ARGS...]
 
+rollout, overload and soak run the chart's rendered pod locally and share its options
+(`pod_run.py`: --model, --output, --served-model-name, --tokenizer, --chart, --chart-values,
+--chart-set, --helm, --workdir, --startup-timeout, --seed).
 The load engine is `vllm bench serve` (engine.py); an API key is read from OPENAI_API_KEY.
 """
 
@@ -26,11 +33,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .chart_pod import DEFAULT_CHART, ChartError
+from . import pod_run
+from .chart_pod import ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine
 from .kube_play import KubePlayError
 from .reports import write_json
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
+
+Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -63,10 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ministream-loadtest",
         description="Load tests of the MiniStream OpenAI API through vLLM's `vllm bench "
-        "serve`: SLO reports (JSON + PNG) and the rolling-restart experiment.",
+        "serve`: SLO reports (JSON + PNG), the rolling-restart experiment, overload with the "
+        "chart's probes, and a memory soak.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_rollout_parser(sub)
+    _add_overload_parser(sub)
+    _add_soak_parser(sub)
+    return parser
 
+
+def _add_run_parser(sub: Subparsers) -> None:
     run = sub.add_parser("run", help="SLO report: scenarios x sweep points against a server")
     run.add_argument(
         "--scenario",
@@ -84,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a local pod (vLLM + sidecar, as `ministream up`) serving this "
         "model for the run, instead of using --base-url; vLLM arguments go after --",
     )
-    _add_chart_options(run, "with --serve: the chart whose rendered pod settings the pod runs")
+    pod_run.add_chart_options(
+        run, "with --serve: the chart whose rendered pod settings the pod runs"
+    )
     run.add_argument(
         "--model",
         help="served model name (default: the server's first model; with --serve: ministream)",
@@ -128,12 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         "without starting or contacting a server",
     )
 
+
+def _add_rollout_parser(sub: Subparsers) -> None:
     ro = sub.add_parser("rollout", help="rolling restart of N local replicas under load")
     ro.add_argument("--replicas", type=int, required=True)
-    ro.add_argument("--output", type=Path, required=True, help="JSON report (a PNG goes beside)")
-    ro.add_argument("--model", required=True, help="converted model directory to serve")
-    ro.add_argument("--served-model-name", default="ministream")
-    ro.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    pod_run.add_options(
+        ro,
+        "the chart whose rendered pod and rollout strategy are replayed",
+        report="JSON report (a PNG goes beside)",
+    )
     ro.add_argument(
         "--no-drain",
         dest="drain",
@@ -178,10 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a terminating pod leaves the load balancer (the "
         "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts",
     )
-    _add_chart_options(ro, "the chart whose rendered pod and rollout strategy are replayed")
-    ro.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
-    ro.add_argument("--startup-timeout", type=float, default=900.0)
-    ro.add_argument("--seed", type=int, default=0)
     ro.add_argument(
         "--runtime",
         choices=["process", "podman"],
@@ -190,14 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
         "chart's rendered pod run from the images (`make images`) by `podman kube play` "
         "(root; CONTAINERS_CONF from `scripts/images.py env`)",
     )
+
+
+def _add_overload_parser(sub: Subparsers) -> None:
     ov = sub.add_parser(
         "overload",
         help="one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed",
     )
-    ov.add_argument("--model", required=True, help="converted model directory to serve")
-    ov.add_argument("--output", type=Path, required=True, help="JSON report")
-    ov.add_argument("--served-model-name", default="ministream")
-    ov.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    pod_run.add_options(ov, "the chart whose rendered pod and probes are replayed")
     ov.add_argument("--levels", type=_floats, default=(1.0, 2.0, 5.0), help="multiples of capacity")
     ov.add_argument(
         "--level-seconds", type=float, default=60.0, help="arrivals per level last this"
@@ -212,26 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="a request whose E2E latency exceeds this counts as timed out",
     )
-    _add_chart_options(ov, "the chart whose rendered pod and probes are replayed")
-    ov.add_argument(
-        "--chart-set",
-        type=_chart_set,
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="a chart value for `helm template --set-json`, e.g. vllm.maxQueuedRequests=64 "
-        "(repeatable)",
-    )
-    ov.add_argument("--workdir", type=Path, help="logs and raw results (default: beside --output)")
-    ov.add_argument("--startup-timeout", type=float, default=900.0)
-    ov.add_argument("--seed", type=int, default=0)
+
+
+def _add_soak_parser(sub: Subparsers) -> None:
     so = sub.add_parser(
         "soak", help="one pod under moderate load for a bounded time, its RSS sampled"
     )
-    so.add_argument("--model", required=True, help="converted model directory to serve")
-    so.add_argument("--output", type=Path, required=True, help="JSON report")
-    so.add_argument("--served-model-name", default="ministream")
-    so.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    pod_run.add_options(so, "the chart whose rendered pod is run")
     so.add_argument("--minutes", type=float, default=30.0)
     so.add_argument("--rate", type=float, default=2.0, help="requests/s (Poisson)")
     so.add_argument("--input-tokens", type=int, default=64)
@@ -244,36 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the sidecar passes when its median RSS grew by less than this from the first "
         "to the last 5 minutes",
     )
-    so.add_argument("--chart", type=Path, default=DEFAULT_CHART, help="the chart whose pod is run")
-    so.add_argument("--helm", help="helm binary (default: .tools/bin/helm, else PATH)")
-    return parser
-
-
-def _chart_set(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=JSON, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{key}: not JSON: {value!r}") from None
-
-
-def _add_chart_options(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--chart",
-        type=Path,
-        default=DEFAULT_CHART,
-        help=f"{what}, rendered with `helm template` (default: ./{DEFAULT_CHART})",
-    )
-    parser.add_argument(
-        "--chart-values",
-        type=Path,
-        action="append",
-        default=[],
-        help="values file for `helm template -f` (repeatable)",
-    )
-    parser.add_argument("--helm", help="helm binary (default: .tools/bin/helm, else PATH)")
 
 
 # --- run ------------------------------------------------------------------------------------
@@ -333,7 +309,7 @@ def cmd_run(args: argparse.Namespace, vllm_args: list[str]) -> int:
         model=args.serve,
         served_name=args.model,
         vllm_args=tuple(vllm_args),
-        chart=chart_pod(args.chart, args.chart_values, helm=args.helm),
+        chart=chart_pod(args.chart, args.chart_values, dict(args.chart_set), helm=args.helm),
         log_dir=args.output_dir / "logs",
     )
     pod = Pod("server", Slot(0, free_port(), free_port()), template)
@@ -462,12 +438,8 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .rollout import RolloutConfig, run_rollout
 
     cfg = RolloutConfig(
-        model=args.model,
-        output=args.output,
+        pod=pod_run.from_args(args, vllm_args),
         replicas=args.replicas,
-        served_name=args.served_model_name,
-        tokenizer=args.tokenizer,
-        vllm_args=tuple(vllm_args),
         drain=args.drain,
         control_restarts=args.control_restarts,
         control_endpoint_lag=args.control_endpoint_lag,
@@ -480,12 +452,6 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         lead_in=args.lead_in,
         tail=args.tail,
         endpoint_lag=args.endpoint_lag,
-        chart=args.chart,
-        chart_values=tuple(args.chart_values),
-        helm=args.helm,
-        startup_timeout=args.startup_timeout,
-        workdir=args.workdir,
-        seed=args.seed,
         runtime=args.runtime,
     )
     report = run_rollout(cfg)
@@ -522,10 +488,7 @@ def cmd_overload(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .overload import OverloadConfig, run_overload, table
 
     cfg = OverloadConfig(
-        model=args.model,
-        output=args.output,
-        served_name=args.served_model_name,
-        tokenizer=args.tokenizer,
+        pod=pod_run.from_args(args, vllm_args),
         levels=tuple(args.levels),
         level_seconds=args.level_seconds,
         input_tokens=args.input_tokens,
@@ -533,14 +496,6 @@ def cmd_overload(args: argparse.Namespace, vllm_args: list[str]) -> int:
         capacity_concurrency=args.capacity_concurrency,
         capacity_requests=args.capacity_requests,
         request_timeout=args.request_timeout,
-        chart=args.chart,
-        chart_values=tuple(args.chart_values),
-        helm=args.helm,
-        vllm_args=tuple(vllm_args),
-        seed=args.seed,
-        startup_timeout=args.startup_timeout,
-        workdir=args.workdir,
-        sets=dict(args.chart_set),
     )
     report = run_overload(cfg)
     print(table(report), flush=True)
@@ -555,19 +510,13 @@ def cmd_soak(args: argparse.Namespace, vllm_args: list[str]) -> int:
         raise SystemExit("--minutes, --rate and --interval must be positive")
     report = run_soak(
         SoakConfig(
-            model=args.model,
-            output=args.output,
-            served_name=args.served_model_name,
-            tokenizer=args.tokenizer,
+            pod=pod_run.from_args(args, vllm_args),
             minutes=args.minutes,
             rate=args.rate,
             input_tokens=args.input_tokens,
             output_tokens=args.output_tokens,
             interval=args.interval,
             max_growth_mib=args.max_growth_mib,
-            chart=args.chart,
-            helm=args.helm,
-            vllm_args=tuple(vllm_args),
         )
     )
     rss = report["rss"]

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
@@ -36,6 +35,7 @@ from .chart_pod import ChartPod, chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
 from .haproxy import Slot
+from .pod_run import PodRun
 from .probes import PodProbes
 from .records import latency_summary, load_records
 from .reports import write_json
@@ -48,10 +48,7 @@ SIDECAR_COUNTERS = (
 
 @dataclass(frozen=True)
 class OverloadConfig:
-    model: str
-    output: Path
-    served_name: str = "ministream"
-    tokenizer: str | None = None
+    pod: PodRun  # the model, the chart and where results go (shared with rollout and soak)
     levels: tuple[float, ...] = (1.0, 2.0, 5.0)
     level_seconds: float = 60.0
     input_tokens: int = 64
@@ -59,14 +56,6 @@ class OverloadConfig:
     capacity_concurrency: int = 32
     capacity_requests: int = 96
     request_timeout: float = 60.0
-    chart: Path = Path("charts/ministream")
-    chart_values: tuple[Path, ...] = ()
-    helm: str | None = None
-    vllm_args: tuple[str, ...] = ()
-    seed: int = 0
-    startup_timeout: float = 900.0
-    workdir: Path | None = None
-    sets: dict[str, Any] = field(default_factory=dict)
 
 
 def _sidecar_counters(pod: Pod) -> dict[str, float]:
@@ -94,12 +83,13 @@ def _wait_idle(pod: Pod, timeout: float = 600) -> None:
 class Overload:
     def __init__(self, cfg: OverloadConfig) -> None:
         self.cfg = cfg
-        self.workdir = cfg.workdir or cfg.output.parent / f"{cfg.output.stem}-work"
-        self.chart: ChartPod = chart_pod(cfg.chart, cfg.chart_values, cfg.sets or None, cfg.helm)
+        run = cfg.pod
+        self.workdir = run.work_dir("-work")
+        self.chart: ChartPod = chart_pod(run.chart, run.chart_values, run.chart_sets, run.helm)
         self.template = PodTemplate(
-            model=cfg.model,
-            served_name=cfg.served_name,
-            vllm_args=tuple(cfg.vllm_args),
+            model=run.model,
+            served_name=run.served_name,
+            vllm_args=run.vllm_args,
             chart=self.chart,
             log_dir=self.workdir / "logs",
         )
@@ -110,11 +100,11 @@ class Overload:
         cfg = self.cfg
         return LoadSpec(
             base_url=self.pod.api_url,
-            model=cfg.served_name,
-            tokenizer=cfg.tokenizer or cfg.model,
+            model=cfg.pod.served_name,
+            tokenizer=cfg.pod.tokenizer_path,
             input_tokens=cfg.input_tokens,
             output_tokens=cfg.output_tokens,
-            seed=cfg.seed,
+            seed=cfg.pod.seed,
             request_id_prefix=f"{label}-",
             label=label,
             **kwargs,
@@ -197,7 +187,7 @@ class Overload:
             clock=self.pod.clock,
         ).start()
         try:
-            ready_at = self.pod.wait_ready(cfg.startup_timeout)
+            ready_at = self.pod.wait_ready(cfg.pod.startup_timeout)
             print(f"ready after {ready_at - self.pod.events['created']:.1f}s", file=sys.stderr)
             capacity = self.capacity()
             print(f"capacity: {capacity['requests_per_s']:.2f} requests/s", file=sys.stderr)
@@ -211,10 +201,8 @@ class Overload:
             self.pod.kill()
         report = {
             "config": {
-                **{k: v for k, v in asdict(cfg).items() if k not in ("output", "workdir")},
-                "chart": str(cfg.chart),
-                "chart_values": [str(p) for p in cfg.chart_values],
-                "model": cfg.model,
+                **cfg.pod.as_report(),
+                **{k: v for k, v in asdict(cfg).items() if k != "pod"},
             },
             "chart_pod": self.chart.as_dict(),
             "probes": [asdict(p) for p in self.chart.probes],
@@ -231,7 +219,7 @@ class Overload:
             "levels": levels,
             "goal_met": all(goal_met(level) for level in levels),
         }
-        write_json(cfg.output, report)
+        write_json(cfg.pod.output, report)
         return report
 
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from .records import RequestRecord
-from .rollout import drain_summary
+from .rollout_plan import drain_summary
 
 _PCT_STYLE = {"p50": "-o", "p95": "--s", "p99": ":^"}
 

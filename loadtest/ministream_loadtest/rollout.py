@@ -21,32 +21,24 @@ restart window per replacement and traces every failure to a pod.
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import math
-import os
-import platform
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ministream_testkit.provenance import vllm_version
 
-from .chart_pod import DEFAULT_CHART, ChartPod, RolloutMode, chart_pod
+from .chart_pod import RolloutMode, chart_pod
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec
 from .fleet import Pod, PodTemplate, ProcessFleet
 from .haproxy import HAProxy, Slot, StateWatcher
-from .records import (
-    RequestRecord,
-    failure_counts,
-    failure_examples,
-    latency_summary,
-    load_records,
-)
+from .pod_run import PodRun
+from .records import RequestRecord, load_records
 from .reports import write_json
+from .rollout_plan import Replacement, drain_summary, max_load_seconds, replacement_plan
+from .rollout_report import PodSnapshot, RolloutFacts, build_report
 
 if TYPE_CHECKING:
     from .podman_fleet import PodmanFleet
@@ -59,12 +51,8 @@ Runtime = Literal["process", "podman"]
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    model: str
-    output: Path
+    pod: PodRun  # the model, the chart and where results go (shared with overload and soak)
     replicas: int = 2
-    served_name: str = "ministream"
-    tokenizer: str | None = None  # default: the model directory
-    vllm_args: tuple[str, ...] = ()
     drain: bool = True  # False: every replacement is a control (no preStop drain)
     control_restarts: int = 0  # the last K replacements skip the drain (a paired control)
     control_endpoint_lag: float | None = None  # the controls' endpoint lag; None: endpoint_lag
@@ -77,13 +65,6 @@ class RolloutConfig:
     lead_in: float = 10.0  # seconds of load before the first restart
     tail: float = 15.0  # seconds of load after the rollout
     endpoint_lag: float = 2.0  # seconds before a terminating pod leaves the endpoints
-    chart: Path = DEFAULT_CHART  # the Helm chart whose rendered pod the experiment runs
-    chart_values: tuple[Path, ...] = ()  # extra values files (helm -f)
-    helm: str | None = None  # helm binary; None: chart_pod.find_helm's default
-    startup_timeout: float = 900.0
-    workdir: Path | None = None
-    seed: int = 0
-    env: dict[str, str] = field(default_factory=dict)
     runtime: Runtime = "process"
 
 
@@ -91,55 +72,23 @@ def _say(message: str) -> None:
     print(f"ministream-loadtest rollout: {message}", file=sys.stderr, flush=True)
 
 
-def max_load_seconds(
-    chart: ChartPod, restarts: int, startup_timeout: float, lead_in: float, tail: float
-) -> float:
-    """A cap on the load that no rollout within its own timeouts can outlast: each replaced
-    pod may take its whole startup timeout, and its predecessor the whole grace period. The
-    load itself ends `tail` seconds after the rollout (the engine's SIGUSR1 hook)."""
-    per_pod = (
-        startup_timeout
-        + chart.termination_grace_period_seconds
-        + 2 * chart.readiness_probe.period_seconds
-    )
-    return lead_in + restarts * per_pod + tail
-
-
-def drain_summary(restarts: int, controls: int) -> str:
-    """How a run's replacements stop their old pods, for logs and plot titles."""
-    if controls == 0:
-        return "with preStop /drain"
-    if controls == restarts:
-        return "WITHOUT drain (control)"
-    return f"{restarts - controls} with preStop /drain, {controls} WITHOUT (paired control)"
-
-
-def machine() -> dict[str, Any]:
-    mem_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    return {
-        "cpus": os.cpu_count(),
-        "memory_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 class Rollout:
+    """Runs the plan (rollout_plan.py) on a fleet and hands what it saw to the report builder
+    (rollout_report.py). Everything it starts is stopped in one place, `_teardown`."""
+
     def __init__(self, cfg: RolloutConfig) -> None:
         if cfg.replicas < 1:
             raise ValueError("--replicas must be at least 1")
         self.cfg = cfg
-        sets: dict[str, Any] = {"rollout.mode": cfg.rollout_mode} if cfg.rollout_mode else {}
+        run = cfg.pod
+        sets: dict[str, Any] = dict(run.chart_sets)
+        if cfg.rollout_mode:
+            sets["rollout.mode"] = cfg.rollout_mode
         if cfg.runtime == "podman":
             from .podman_fleet import podman_chart_values
 
-            sets.update(podman_chart_values(cfg.model, cfg.served_name, cfg.vllm_args, cfg.env))
-        self.chart = chart_pod(cfg.chart, cfg.chart_values, sets, cfg.helm)
+            sets.update(podman_chart_values(run.model, run.served_name, run.vllm_args, {}))
+        self.chart = chart_pod(run.chart, run.chart_values, sets, run.helm)
         self.mode: RolloutMode = self.chart.rollout_mode
         self.restarts = cfg.replicas if cfg.restarts is None else cfg.restarts
         if not 1 <= self.restarts <= cfg.replicas:
@@ -149,39 +98,41 @@ class Rollout:
             raise ValueError(
                 f"--control-restarts must be between 0 and --restarts ({self.restarts})"
             )
-        self.workdir = cfg.workdir or cfg.output.with_name(cfg.output.stem + "-artifacts")
+        self.plan = replacement_plan(
+            self.restarts, self.controls, cfg.endpoint_lag, cfg.control_endpoint_lag
+        )
+        self.workdir = run.work_dir("-artifacts")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.fleet: ProcessFleet | PodmanFleet
         if cfg.runtime == "podman":
             from .podman_fleet import PodmanFleet
 
-            self.fleet = PodmanFleet(cfg.chart, cfg.chart_values, sets, cfg.helm, self.workdir)
+            self.fleet = PodmanFleet(run.chart, run.chart_values, sets, run.helm, self.workdir)
         else:
             self.fleet = ProcessFleet()
         n_slots = cfg.replicas + (1 if self.mode == "surge" else 0)
         self.slots = self.fleet.slots(n_slots)
         self.template = PodTemplate(
-            model=cfg.model,
-            served_name=cfg.served_name,
-            vllm_args=cfg.vllm_args,
+            model=run.model,
+            served_name=run.served_name,
+            vllm_args=run.vllm_args,
             chart=self.chart,
             log_dir=self.workdir / "pods",
-            env=dict(cfg.env),
         )
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened
-        self.replacements: list[dict[str, Any]] = []  # per replacement: pods, drain, times
+        self.replacements: list[Replacement] = []
         self.threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()  # replaced by the engine's first send
         self.haproxy: HAProxy | None = None
         self.watcher: StateWatcher | None = None
         self._engine: EngineProcess | None = None
-        self._records: list[RequestRecord] = []
+        self.records: list[RequestRecord] = []
 
-    def rel(self, t: float | None) -> float | None:
-        return None if t is None else round(t - self.t0, 3)
+    def rel(self, t: float) -> float:
+        return round(t - self.t0, 3)
 
     # --- pods and slots -------------------------------------------------------------------
     def _slot_free(self, slot: Slot) -> bool:
@@ -193,7 +144,7 @@ class Rollout:
 
     def _endpoint_lag(self, pod_name: str) -> float:
         """The endpoint lag planned for `pod_name`'s replacement (the default if none)."""
-        planned = (rep["endpoint_lag"] for rep in self.replacements if rep["old"] == pod_name)
+        planned = (rep.endpoint_lag for rep in self.replacements if rep.old == pod_name)
         return next(planned, self.cfg.endpoint_lag)
 
     def _wait_free_slot(self, timeout: float) -> Slot:
@@ -219,25 +170,19 @@ class Rollout:
     def _wait_pod_ready(self, pod: Pod) -> None:
         """Ready = the readiness check (HAProxy's, on /readyz) passes: the pod is in service."""
         assert self.watcher is not None
-        deadline = time.monotonic() + self.cfg.startup_timeout
-        pod.wait_ready(self.cfg.startup_timeout)  # the sidecar says ready; now the probe
+        timeout = self.cfg.pod.startup_timeout
+        deadline = time.monotonic() + timeout
+        pod.wait_ready(timeout)  # the sidecar says ready; now the probe
         while not self.watcher.wait_for(lambda s: s.get(pod.slot.server) == "UP", 1.0):
             pod.check_alive()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pod {pod.name} not ready after {self.cfg.startup_timeout}s")
+                raise TimeoutError(f"pod {pod.name} not ready after {timeout}s")
         pod.events["ready"] = time.perf_counter()
         _say(
             f"[{self.rel(pod.events['ready']):8.1f}s] pod {pod.name} ready (in service) after "
             f"{pod.events['ready'] - pod.events['created']:.1f}s"
         )
         time.sleep(self.chart.min_ready_seconds)
-
-    def _plan(self, i: int) -> tuple[bool, float]:
-        """Replacement i's drain and endpoint lag: the last `controls` ones are the control."""
-        if i < self.restarts - self.controls:
-            return True, self.cfg.endpoint_lag
-        lag = self.cfg.control_endpoint_lag
-        return False, self.cfg.endpoint_lag if lag is None else lag
 
     def _terminate_async(self, pod: Pod, drain: bool, endpoint_lag: float) -> None:
         def endpoint_removal() -> None:
@@ -278,11 +223,11 @@ class Rollout:
         try:
             return self._run()
         finally:
-            self._cleanup()
+            self._teardown()
 
-    def _run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        enabled = set(range(cfg.replicas))
+    def _start_fleet(self) -> list[Pod]:
+        """HAProxy with every replica's endpoint, then the replicas, until all are in service."""
+        enabled = set(range(self.cfg.replicas))
         self.haproxy = HAProxy(self.workdir, self.slots, enabled, self.chart).start()
         for i in enabled:
             self.haproxy.mark_unready(self.slots[i])
@@ -293,32 +238,64 @@ class Rollout:
             f"{self.workdir}"
         )
         old = []
-        for i in range(cfg.replicas):
+        for i in range(self.cfg.replicas):
             pod = self.fleet.pod(f"v1-{i}", self.slots[i], self.template)
             self.pods.append(pod)
             self.slot_owner[i] = pod
             old.append(pod.start())
         for pod in old:
             self._wait_pod_ready(pod)
-        cold = max(p.events["ready"] - p.events["created"] for p in old)
-        duration = cfg.duration or max_load_seconds(
-            self.chart, self.restarts, cfg.startup_timeout, cfg.lead_in, cfg.tail
-        )
-        spec = LoadSpec(
+        return old
+
+    def _load_spec(self, duration: float) -> LoadSpec:
+        cfg, run = self.cfg, self.cfg.pod
+        assert self.haproxy is not None
+        return LoadSpec(
             base_url=self.haproxy.url,
-            model=cfg.served_name,
-            tokenizer=cfg.tokenizer or cfg.model,
+            model=run.served_name,
+            tokenizer=run.tokenizer_path,
             api="completions",
             input_tokens=cfg.input_tokens,
             output_tokens=cfg.output_tokens,
             range_ratio=0.0,
             num_prompts=max(1, math.ceil(cfg.rate * duration)),
             request_rate=cfg.rate,
-            seed=cfg.seed,
+            seed=run.seed,
             temperature=0.0,
             request_id_prefix=REQUEST_ID_PREFIX,
             label="rollout",
         )
+
+    def _replace_all(self, old: list[Pod]) -> tuple[float, float]:
+        """Replace the first `restarts` old pods as the chart's rollout mode does; (start, end)."""
+        timeout = self.cfg.pod.startup_timeout
+        t_start = time.perf_counter()
+        for i, (drain, lag) in enumerate(self.plan):
+            old_pod, new_name = old[i], f"v2-{i}"
+            start = t_start if i == 0 else time.perf_counter()
+            self.replacements.append(Replacement(old_pod.name, new_name, drain, lag, start))
+            if self.mode == "surge":
+                new = self._create_pod(new_name, self._wait_free_slot(timeout))
+                self._wait_pod_ready(new)
+                self._terminate_async(old_pod, drain, lag)
+            else:
+                self._terminate_async(old_pod, drain, lag)
+                new = self._create_pod(new_name, self._wait_free_slot(timeout))
+                self._wait_pod_ready(new)
+        for thread in self.threads:
+            while thread.is_alive():
+                thread.join(1.0)
+        self._raise_thread_errors()
+        return t_start, time.perf_counter()
+
+    def _run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        old = self._start_fleet()
+        cold = max(p.events["ready"] - p.events["created"] for p in old)
+        duration = cfg.duration or max_load_seconds(
+            self.chart, self.restarts, cfg.pod.startup_timeout, cfg.lead_in, cfg.tail
+        )
+        spec = self._load_spec(duration)
         engine = EngineProcess(
             [(spec, self.workdir / "engine-result.json")], self.workdir / "engine.log"
         )
@@ -330,34 +307,7 @@ class Rollout:
         )
         self.t0 = engine.wait_main_run(timeout=900)
         time.sleep(cfg.lead_in)
-
-        t_start = time.perf_counter()
-        for i in range(self.restarts):
-            old_pod = old[i]
-            drain, lag = self._plan(i)
-            new_name = f"v2-{i}"
-            self.replacements.append(
-                {
-                    "old": old_pod.name,
-                    "new": new_name,
-                    "drain": drain,
-                    "endpoint_lag": lag,
-                    "start": t_start if i == 0 else time.perf_counter(),
-                }
-            )
-            if self.mode == "surge":
-                new = self._create_pod(new_name, self._wait_free_slot(cfg.startup_timeout))
-                self._wait_pod_ready(new)
-                self._terminate_async(old_pod, drain, lag)
-            else:
-                self._terminate_async(old_pod, drain, lag)
-                new = self._create_pod(new_name, self._wait_free_slot(cfg.startup_timeout))
-                self._wait_pod_ready(new)
-        for thread in self.threads:
-            while thread.is_alive():
-                thread.join(1.0)
-        self._raise_thread_errors()
-        t_end = time.perf_counter()
+        t_start, t_end = self._replace_all(old)
         _say(
             f"[{self.rel(t_end):8.1f}s] rollout finished in {t_end - t_start:.1f}s; "
             f"{cfg.tail:g}s more load"
@@ -365,136 +315,22 @@ class Rollout:
         time.sleep(cfg.tail)
         engine.stop_arrivals()
         result = engine.wait(timeout=900)[0]
-        return self._report(result, spec, t_start, t_end, duration, cold)
-
-    def _cleanup(self) -> None:
-        if self._engine is not None:
-            self._engine.kill()
-        for pod in self.pods:
-            pod.kill()
-        self.fleet.close()
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self.haproxy is not None:
-            self.haproxy.stop()
-
-    # --- the report -----------------------------------------------------------------------
-    def _pod_at(self, server: str, t: float) -> str | None:
-        """The pod behind HAProxy's `server` at `t`: the slot's latest pod created by then.
-
-        A pod owns its slot's endpoint from its creation until the next pod takes the slot,
-        which is after the endpoint's removal, not at its exit: a pod that exits before its
-        endpoint goes (no drain) still has requests routed to it, and they fail as its own.
-        """
-        owners = [
-            pod
-            for pod in self.pods
-            if pod.slot.server == server and pod.events.get("created", math.inf) <= t
-        ]
-        return max(owners, key=lambda pod: pod.events["created"]).name if owners else None
-
-    def _window(self, records: list[RequestRecord]) -> dict[str, Any]:
-        return {
-            "sent": len(records),
-            "succeeded": sum(r.ok for r in records),
-            "failed": sum(not r.ok for r in records),
-            "failures_by_cause": failure_counts(records),
-            **latency_summary(records),
-        }
-
-    def _report(
-        self,
-        result: dict[str, Any],
-        spec: LoadSpec,
-        t_start: float,
-        t_end: float,
-        duration: float,
-        cold: float,
-    ) -> dict[str, Any]:
+        self._stop_load_balancer()  # flushes HAProxy's access log
         assert self.haproxy is not None and self.watcher is not None
-        self.watcher.stop()
-        self.haproxy.stop()  # flushes the access log
-        records = load_records(
+        self.records = load_records(
             result, request_id_prefix=REQUEST_ID_PREFIX, expected_output_len=spec.output_tokens
         )
-        access = self.haproxy.access_log()
-        failed = [r for r in records if not r.ok]
-        by_pod: dict[str, int] = {}
-        failures = []
-        for r in failed:
-            entry = access.get(r.request_id)
-            pod = self._pod_at(entry.server, r.start) if entry else None
-            by_pod[pod or "none"] = by_pod.get(pod or "none", 0) + 1
-            failures.append(
-                {
-                    "request_id": r.request_id,
-                    "sent_s": self.rel(r.start),
-                    "cause": r.cause,
-                    "haproxy_server": entry.server if entry else None,
-                    "haproxy_status": entry.status if entry else None,
-                    "pod": pod,
-                }
-            )
-        matched = [r for r in records if r.request_id in access]
-        # HAProxy logs each request it parsed: these never reached it as requests.
-        unlogged = [r for r in records if r.request_id not in access]
-        mismatched = [
-            r.request_id for r in matched if not r.agrees_with_status(access[r.request_id].status)
-        ]
-        inside = [r for r in records if t_start <= r.start <= t_end]
-        # Each request of the restart window belongs to the replacement under way when it was
-        # sent: from that replacement's start to the next one's (the last: to the rollout's end).
-        starts = [rep["start"] for rep in self.replacements]
-        by_replacement: list[list[RequestRecord]] = [[] for _ in starts]
-        for r in inside:
-            by_replacement[max(0, bisect.bisect_right(starts, r.start) - 1)].append(r)
-        ends = [*starts[1:], t_end]
-        before = [r for r in records if r.start < t_start]
-        after = [r for r in records if r.start > t_end]
-        last_send = max((r.start for r in records), default=self.t0)
-        report: dict[str, Any] = {
-            "sent": len(records),
-            "succeeded": sum(r.ok for r in records),
-            "failed": len(failed),
-            "failures_by_cause": failure_counts(records),
-            "failure_examples": failure_examples(records),
-            "failures_by_pod": dict(sorted(by_pod.items())),
-            "restart_window": {
-                "start_s": self.rel(t_start),
-                "end_s": self.rel(t_end),
-                "duration_s": round(t_end - t_start, 3),
-                **self._window(inside),
-            },
-            "replacements": [
-                {
-                    "old": rep["old"],
-                    "new": rep["new"],
-                    "drain": rep["drain"],
-                    "endpoint_lag_s": None
-                    if math.isinf(rep["endpoint_lag"])
-                    else rep["endpoint_lag"],
-                    "window": {
-                        "start_s": self.rel(rep["start"]),
-                        "end_s": self.rel(end),
-                        **self._window(sent),
-                    },
-                }
-                for rep, end, sent in zip(self.replacements, ends, by_replacement, strict=True)
-            ],
-            "before_window": self._window(before),
-            "after_window": self._window(after),
-            "load_covered_rollout": last_send >= t_end,
-            # Every *_s figure is seconds after this instant: the engine's first send, on
-            # the engine's clock (perf_counter, CLOCK_MONOTONIC), so raw `start_times` map
-            # onto the window as start_time - t0.
-            "t0_perf_counter": self.t0,
-            "drain": self.controls == 0,  # every replacement drained
-            "control_restarts": self.controls,
-            "rollout_mode": self.mode,
-            "replicas": self.cfg.replicas,
-            "restarts": self.restarts,
-            "endpoint_lag_s": None if math.isinf(self.cfg.endpoint_lag) else self.cfg.endpoint_lag,
-            "load": {
+        facts = RolloutFacts(
+            records=self.records,
+            access=self.haproxy.access_log(),
+            pods=[_snapshot(p) for p in self.pods],
+            replacements=self.replacements,
+            t0=self.t0,
+            t_start=t_start,
+            t_end=t_end,
+            lb_changes=self.watcher.changes,
+            engine_result=result,
+            load={
                 "engine": ENGINE_NAME,
                 "engine_version": vllm_version(),
                 "api": spec.api,
@@ -503,72 +339,76 @@ class Rollout:
                 "max_duration_s": round(duration, 1),
                 "input_tokens": spec.input_tokens,
                 "output_tokens": spec.output_tokens,
-                "engine_completed": int(result["completed"]),
-                "engine_failed": int(result["failed"]),
-                "engine_duration_s": round(float(result["duration"]), 3),
                 "raw_result": str(self.workdir / "engine-result.json"),
             },
-            "access_log_check": {
-                "records": len(records),
-                "matched": len(matched),
-                "status_disagreements": mismatched[:20],
-                "unlogged": [
-                    {"request_id": r.request_id, "sent_s": self.rel(r.start), "cause": r.cause}
-                    for r in unlogged
-                ],
+            settings=self._settings(),
+            cold_start_s=cold,
+            extra={
+                "chart_pod": self.chart.as_dict(),
+                "runtime": self.fleet.describe(),
+                "config": self._config(),
+                "artifacts_dir": str(self.workdir),
             },
-            "cold_start_s": round(cold, 1),
-            "chart_pod": self.chart.as_dict(),
-            "runtime": self.fleet.describe(),
-            "pods": [self._pod_report(p) for p in self.pods],
-            "lb_events": [
-                {"t_s": self.rel(t), "server": s, "from": a, "to": b}
-                for t, s, a, b in self.watcher.changes
-                if t >= self.t0
-            ],
-            "failures": failures[:200],
-            "config": {
-                k: str(v) if isinstance(v, Path) else v
-                for k, v in asdict(self.cfg).items()
-                if k != "env"
-            },
-            "machine": machine(),
-            "artifacts_dir": str(self.workdir),
-        }
-        self._records = records
-        return report
+        )
+        return build_report(facts)
 
-    def _pod_report(self, pod: Pod) -> dict[str, Any]:
-        ev = pod.events
+    def _settings(self) -> dict[str, Any]:
+        lag = self.cfg.endpoint_lag
         return {
-            "name": pod.name,
-            "slot": pod.slot.server,
-            **{
-                f"{k}_s": self.rel(ev.get(k))
-                for k in (
-                    "created",
-                    "ready",
-                    "terminating",
-                    "endpoint_removed",
-                    "sigterm",
-                    "exited",
-                )
-            },
-            "cold_start_s": round(ev["ready"] - ev["created"], 1) if "ready" in ev else None,
-            "prestop": pod.prestop,
-            "vllm_exit_code": pod.exit_code,
-            "sigkilled": pod.killed,
+            "drain": self.controls == 0,  # every replacement drained
+            "control_restarts": self.controls,
+            "rollout_mode": self.mode,
+            "replicas": self.cfg.replicas,
+            "restarts": self.restarts,
+            "endpoint_lag_s": None if math.isinf(lag) else lag,
         }
+
+    def _config(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            **cfg.pod.as_report(),
+            **{k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "pod"},
+        }
+
+    # --- stopping -------------------------------------------------------------------------
+    def _stop_load_balancer(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.haproxy is not None:
+            self.haproxy.stop()
+
+    def _teardown(self) -> None:
+        """Stop everything this run started, whatever state it is in (idempotent)."""
+        if self._engine is not None:
+            self._engine.kill()
+        for pod in self.pods:
+            pod.kill()
+        self.fleet.close()
+        self._stop_load_balancer()
+
+
+def _snapshot(pod: Pod) -> PodSnapshot:
+    return PodSnapshot(
+        name=pod.name,
+        server=pod.slot.server,
+        events=dict(pod.events),
+        prestop=pod.prestop,
+        exit_code=pod.exit_code,
+        killed=pod.killed,
+    )
 
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, Any]:
-    """Run the experiment; write the JSON report to cfg.output and a timeline PNG beside it."""
+    """Run the experiment; write the JSON report to the run's output and a timeline PNG
+    beside it."""
     from .plots import plot_rollout
 
     rollout = Rollout(cfg)
     report = rollout.run()
-    cfg.output.parent.mkdir(parents=True, exist_ok=True)
-    png = cfg.output.with_suffix(".png")
-    report["plot"] = str(plot_rollout(report, rollout._records, rollout.t0, png))
-    write_json(cfg.output, report)
+    output = cfg.pod.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    report["plot"] = str(
+        plot_rollout(report, rollout.records, rollout.t0, output.with_suffix(".png"))
+    )
+    write_json(output, report)
     return report

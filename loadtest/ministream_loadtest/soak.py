@@ -30,16 +30,14 @@ from .chart_pod import chart_pod
 from .engine import LoadSpec, run_engine
 from .fleet import Pod, PodTemplate
 from .haproxy import Slot
+from .pod_run import PodRun
 from .records import latency_summary, load_records
 from .reports import write_json
 
 
 @dataclass(frozen=True)
 class SoakConfig:
-    model: str
-    output: Path
-    served_name: str = "ministream"
-    tokenizer: str | None = None
+    pod: PodRun  # the model, the chart and where results go (shared with rollout and overload)
     minutes: float = 30.0
     rate: float = 2.0
     input_tokens: int = 64
@@ -47,11 +45,6 @@ class SoakConfig:
     interval: float = 10.0
     window: float = 5.0
     max_growth_mib: float = 8.0
-    chart: Path = Path("charts/ministream")
-    helm: str | None = None
-    vllm_args: tuple[str, ...] = ()
-    startup_timeout: float = 900.0
-    seed: int = 0
 
 
 def rss_mib(pid: int) -> float:
@@ -132,31 +125,32 @@ class Sampler:
 
 
 def run_soak(cfg: SoakConfig) -> dict[str, Any]:
-    workdir = cfg.output.parent / f"{cfg.output.stem}-work"
+    run = cfg.pod
+    workdir = run.work_dir("-work")
     template = PodTemplate(
-        model=cfg.model,
-        served_name=cfg.served_name,
-        vllm_args=cfg.vllm_args,
-        chart=chart_pod(cfg.chart, helm=cfg.helm),
+        model=run.model,
+        served_name=run.served_name,
+        vllm_args=run.vllm_args,
+        chart=chart_pod(run.chart, run.chart_values, run.chart_sets, run.helm),
         log_dir=workdir / "logs",
     )
     pod = Pod("soak", Slot(0, free_port(), free_port()), template)
     spec = LoadSpec(
         base_url=pod.api_url,
-        model=cfg.served_name,
-        tokenizer=cfg.tokenizer or cfg.model,
+        model=run.served_name,
+        tokenizer=run.tokenizer_path,
         input_tokens=cfg.input_tokens,
         output_tokens=cfg.output_tokens,
         num_prompts=max(1, round(cfg.rate * cfg.minutes * 60)),
         request_rate=cfg.rate,
-        seed=cfg.seed,
+        seed=run.seed,
         request_id_prefix="soak-",
         label="soak",
     )
     print(f"starting the pod (logs in {template.log_dir})", file=sys.stderr, flush=True)
     pod.start()
     try:
-        pod.wait_ready(cfg.startup_timeout)
+        pod.wait_ready(run.startup_timeout)
         sampler = Sampler(pod, cfg.interval).start()
         try:
             (result,) = run_engine([(spec, workdir / "soak.json")], workdir / "soak-engine.log")
@@ -172,7 +166,10 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     }
     sidecar_growth = verdict["sidecar"]["growth_mib"]
     report = {
-        "config": {**asdict(cfg), "output": str(cfg.output), "chart": str(cfg.chart)},
+        "config": {
+            **run.as_report(),
+            **{k: v for k, v in asdict(cfg).items() if k != "pod"},
+        },
         "requests": {
             "sent": len(records),
             "succeeded": sum(r.ok for r in records),
@@ -182,5 +179,5 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "samples": samples,
         "sidecar_flat": sidecar_growth is not None and sidecar_growth < cfg.max_growth_mib,
     }
-    write_json(cfg.output, report)
+    write_json(run.output, report)
     return report

@@ -4,7 +4,6 @@ real HAProxy following readiness in front of toy backends."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import subprocess
@@ -16,7 +15,6 @@ from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,9 +24,23 @@ import yaml
 from ministream_loadtest.chart_pod import ChartError, ChartPod, chart_pod
 from ministream_loadtest.engine import engine_args
 from ministream_loadtest.fleet import cpu_binding, tensor_parallel_size
-from ministream_loadtest.haproxy import HAProxy, Slot, StateWatcher, find_haproxy, render_config
-from ministream_loadtest.records import classify_error, latency_summary, load_records
-from ministream_loadtest.rollout import Rollout, drain_summary, max_load_seconds
+from ministream_loadtest.haproxy import (
+    AccessLogEntry,
+    HAProxy,
+    Slot,
+    StateWatcher,
+    find_haproxy,
+    render_config,
+)
+from ministream_loadtest.records import RequestRecord, classify_error, latency_summary, load_records
+from ministream_loadtest.rollout_plan import (
+    Replacement,
+    drain_summary,
+    max_load_seconds,
+    pod_at,
+    replacement_plan,
+)
+from ministream_loadtest.rollout_report import PodSnapshot, RolloutFacts, build_report
 from ministream_loadtest.scenarios import load_scenario, resolve_scenario, shipped_scenarios
 from ministream_loadtest.slo import point_report
 from ministream_testkit.helm import helm_path
@@ -159,26 +171,21 @@ def test_the_load_cap_outlasts_any_rollout_within_its_timeouts() -> None:
     assert two - one == one - 20 >= 600 + t.termination_grace_period_seconds
 
 
+PODS = [
+    PodSnapshot("v1-0", "s0", {"created": 0.0, "exited": 50.0, "endpoint_removed": 54.0}),
+    PodSnapshot("v1-1", "s1", {"created": 0.0, "ready": 20.0}),
+    PodSnapshot("v2-0", "s0", {"created": 55.0}),
+]
+
+
 def test_a_failure_belongs_to_the_pod_whose_endpoint_it_was_sent_to() -> None:
     """Without a drain a pod can exit while its endpoint is still in HAProxy: requests sent
     there then fail as that pod's (a 503), until the slot's next pod is created."""
-
-    def pod(name: str, server: str, **events: float) -> SimpleNamespace:
-        return SimpleNamespace(name=name, slot=SimpleNamespace(server=server), events=events)
-
-    rollout = SimpleNamespace(
-        pods=[
-            pod("v1-0", "s0", created=0.0, exited=50.0, endpoint_removed=54.0),
-            pod("v1-1", "s1", created=0.0),
-            pod("v2-0", "s0", created=55.0),
-        ]
-    )
-    owner = functools.partial(Rollout._pod_at, rollout)  # type: ignore[arg-type]
-    assert owner("s0", 10.0) == "v1-0"
-    assert owner("s0", 52.0) == "v1-0"  # exited, endpoint not yet removed
-    assert owner("s0", 56.0) == "v2-0"
-    assert owner("s1", 56.0) == "v1-1"
-    assert owner("s0", -1.0) is None and owner("s9", 10.0) is None
+    assert pod_at(PODS, "s0", 10.0) == "v1-0"
+    assert pod_at(PODS, "s0", 52.0) == "v1-0"  # exited, endpoint not yet removed
+    assert pod_at(PODS, "s0", 56.0) == "v2-0"
+    assert pod_at(PODS, "s1", 56.0) == "v1-1"
+    assert pod_at(PODS, "s0", -1.0) is None and pod_at(PODS, "s9", 10.0) is None
 
 
 @pytest.mark.parametrize(
@@ -193,16 +200,81 @@ def test_a_failure_belongs_to_the_pod_whose_endpoint_it_was_sent_to() -> None:
 def test_a_paired_control_is_the_last_replacements(
     restarts: int, controls: int, control_lag: float | None, plan: list[tuple[bool, float]]
 ) -> None:
-    rollout = SimpleNamespace(
-        restarts=restarts,
-        controls=controls,
-        cfg=SimpleNamespace(endpoint_lag=2.0, control_endpoint_lag=control_lag),
-    )
-    step = functools.partial(Rollout._plan, rollout)  # type: ignore[arg-type]
-    assert [step(i) for i in range(restarts)] == plan
+    assert replacement_plan(restarts, controls, 2.0, control_lag) == plan
     assert drain_summary(restarts, controls).startswith(
         "with preStop" if controls == 0 else "WITHOUT" if controls == restarts else "1 with"
     )
+
+
+def _record(i: int, start: float, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        index=i,
+        request_id=f"rollout-{i}",
+        start=start,
+        success=ok,
+        error="" if ok else "Server disconnected",
+        ttft=0.1 if ok else 0.0,
+        itl=(0.01,) if ok else (),
+        latency=0.5,
+        input_len=8,
+        output_len=4 if ok else 0,
+        expected_output_len=4,
+    )
+
+
+def test_the_report_traces_failures_to_pods_and_splits_the_window_per_replacement() -> None:
+    """build_report on hand-made facts: a drained replacement (v1-0 -> v2-0) and a control
+    (v1-1 -> v2-1); the control's request sent while its endpoint lingered fails as v1-1's."""
+    pods = [
+        PodSnapshot("v1-0", "s0", {"created": 100.0, "ready": 120.0, "exited": 150.0}),
+        PodSnapshot("v1-1", "s1", {"created": 100.0, "ready": 121.0, "exited": 181.0}),
+        PodSnapshot("v2-0", "s2", {"created": 130.0, "ready": 140.0}),
+        PodSnapshot("v2-1", "s0", {"created": 160.0, "ready": 175.0}),
+    ]
+    records = [
+        _record(0, 125.0),  # before the rollout
+        _record(1, 135.0),  # during the drained replacement
+        _record(2, 170.0),  # during the control
+        _record(3, 182.0, ok=False),  # the control's old endpoint, after its exit
+        _record(4, 195.0),  # after the rollout
+    ]
+    access = {
+        r.request_id: AccessLogEntry(r.request_id, server, status, 500, "----")
+        for r, server, status in zip(
+            records, ["s0", "s2", "s1", "s1", "s2"], [200, 200, 200, 503, 200], strict=True
+        )
+    }
+    facts = RolloutFacts(
+        records=records,
+        access=access,
+        pods=pods,
+        replacements=[
+            Replacement("v1-0", "v2-0", True, 2.0, 130.0),
+            Replacement("v1-1", "v2-1", False, 6.0, 160.0),
+        ],
+        t0=120.0,
+        t_start=130.0,
+        t_end=185.0,
+        lb_changes=[(110.0, "s0", "", "UP"), (150.5, "s0", "UP", "MAINT")],
+        engine_result={"completed": 4, "failed": 1, "duration": 80.0},
+        load={"request_rate": 2.0},
+        settings={"control_restarts": 1, "restarts": 2},
+        cold_start_s=20.4,
+    )
+    report = build_report(facts)
+    assert (report["sent"], report["succeeded"], report["failed"]) == (5, 4, 1)
+    assert report["failures_by_pod"] == {"v1-1": 1}
+    assert report["failures"][0]["pod"] == "v1-1" and report["failures"][0]["sent_s"] == 62.0
+    drained, control = report["replacements"]
+    assert (drained["window"]["sent"], drained["window"]["failed"]) == (1, 0)
+    assert (control["window"]["sent"], control["window"]["failed"]) == (2, 1)
+    assert control["endpoint_lag_s"] == 6.0 and not control["drain"]
+    assert report["before_window"]["sent"] == 1 and report["after_window"]["sent"] == 1
+    assert report["restart_window"]["duration_s"] == 55.0
+    assert report["load_covered_rollout"] and report["load"]["engine_failed"] == 1
+    assert [e["t_s"] for e in report["lb_events"]] == [30.5]  # before t0: not reported
+    assert report["pods"][2]["cold_start_s"] == 10.0 and report["pods"][3]["created_s"] == 40.0
+    assert report["access_log_check"]["matched"] == 5
 
 
 def test_each_pod_gets_cores_of_its_own() -> None:
