@@ -200,10 +200,10 @@ def _up(argv: list[str]) -> int:
     return launcher_main(argv)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ministream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
+
+def _add_demo(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="write a deterministic demo checkpoint (raw format)")
     from ministream.presets import PRESET_NAMES
 
@@ -212,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_demo)
 
+
+def _add_convert(sub: Subparsers) -> None:
     p = sub.add_parser("convert", help="convert a raw checkpoint into a servable directory")
     p.add_argument(
         "--checkpoint",
@@ -249,10 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_convert)
 
+
+def _add_verify(sub: Subparsers) -> None:
     p = sub.add_parser("verify", help="check a converted directory against its manifest")
     p.add_argument("model", type=Path)
     p.set_defaults(handler=_verify)
 
+
+def _add_reference(sub: Subparsers) -> None:
     p = sub.add_parser("reference", help="greedy tokens/logprobs from the reference model")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--prompt", default="The model")
@@ -260,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", type=Path, help="write per-layer hidden states (torch.save)")
     p.set_defaults(handler=_reference)
 
+
+def _add_upload(sub: Subparsers) -> None:
     p = sub.add_parser(
         "upload",
         help="upload a converted model or shard set to S3 (resumable; manifest written last)",
@@ -278,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_upload)
 
+
+def _add_shard(sub: Subparsers) -> None:
     p = sub.add_parser(
         "shard",
         help="pre-shard a model for one tensor x pipeline-parallel layout (vLLM sharded_state)",
@@ -308,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_shard)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ministream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_demo, _add_convert, _add_verify, _add_reference, _add_upload, _add_shard):
+        add(sub)
     from ministream import compile_cache
 
     compile_cache.add_parser(sub)
