@@ -46,8 +46,8 @@ def prefix_cache_hit_rate(selector: str, window: str, labels: tuple[str, ...] = 
     return rate_ratio(m.PREFIX_HITS, m.PREFIX_QUERIES, selector, window, labels)
 
 
-def serving(params: AlertParams) -> Dashboard:
-    latency = Row(
+def _serving_latency(params: AlertParams) -> Row:
+    return Row(
         "Latency (selected pods together)",
         (
             Panel(
@@ -72,7 +72,10 @@ def serving(params: AlertParams) -> Dashboard:
             ),
         ),
     )
-    throughput = Row(
+
+
+def _serving_throughput(params: AlertParams) -> Row:
+    return Row(
         "Throughput and outcomes",
         (
             Panel(
@@ -111,7 +114,10 @@ def serving(params: AlertParams) -> Dashboard:
             ),
         ),
     )
-    saturation = Row(
+
+
+def _serving_saturation(params: AlertParams) -> Row:
+    return Row(
         "Saturation",
         (
             Panel(
@@ -166,7 +172,10 @@ def serving(params: AlertParams) -> Dashboard:
             ),
         ),
     )
-    per_pod = Row(
+
+
+def _serving_per_pod(params: AlertParams) -> Row:
+    return Row(
         "Per pod",
         (
             Panel(
@@ -191,6 +200,13 @@ def serving(params: AlertParams) -> Dashboard:
             ),
         ),
     )
+
+
+def serving(params: AlertParams) -> Dashboard:
+    latency = _serving_latency(params)
+    throughput = _serving_throughput(params)
+    saturation = _serving_saturation(params)
+    per_pod = _serving_per_pod(params)
     return Dashboard(
         uid="ministream-serving",
         title="MiniStream / Serving",
@@ -227,10 +243,10 @@ def _phases_panel(title: str, description: str, phases: str) -> Panel:
     return Panel(title, description, (Target(series, "{{phase}} {{pod}}"),), unit="s")
 
 
-def fleet(params: AlertParams) -> Dashboard:
+def _ready_replicas() -> str:
     # Only Deployments that run MiniStream pods: kube-state-metrics labels its series with
     # the deployment, the sidecars with their pod; the pod name carries the deployment.
-    ready_replicas = agg(
+    return agg(
         "sum",
         ("deployment",),
         (
@@ -239,7 +255,11 @@ def fleet(params: AlertParams) -> Dashboard:
             f"label_replace({sel(m.INFO, POD)}, {POD_TO_DEPLOYMENT})"
         ),
     )
-    replicas = Row(
+
+
+def _fleet_replicas() -> Row:
+    ready_replicas = _ready_replicas()
+    return Row(
         "Replicas",
         (
             Panel(
@@ -276,7 +296,10 @@ def fleet(params: AlertParams) -> Dashboard:
             ),
         ),
     )
-    cold_start = Row(
+
+
+def _fleet_cold_start() -> Row:
+    return Row(
         "Cold start and warmup",
         (
             _phases_panel(
@@ -318,7 +341,10 @@ def fleet(params: AlertParams) -> Dashboard:
             ),
         ),
     )
-    rollout = Row(
+
+
+def _fleet_rollout() -> Row:
+    return Row(
         "Rollout and health",
         (
             Panel(
@@ -366,6 +392,12 @@ def fleet(params: AlertParams) -> Dashboard:
             ),
         ),
     )
+
+
+def fleet(params: AlertParams) -> Dashboard:
+    replicas = _fleet_replicas()
+    cold_start = _fleet_cold_start()
+    rollout = _fleet_rollout()
     return Dashboard(
         uid="ministream-fleet",
         title="MiniStream / Fleet and rollout",
