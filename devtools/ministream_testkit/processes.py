@@ -23,6 +23,20 @@ def stop_group(
         proc.wait(10)
 
 
+def stop_process(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace_s: float = 10.0
+) -> None:
+    """SIGTERM one process (not a group leader), then SIGKILL after `grace_s`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def evict_from_page_cache(paths: Iterable[Path]) -> None:
     """Drop the files' pages from the page cache so the next read comes from storage."""
     for path in paths:

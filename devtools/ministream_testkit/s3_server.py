@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ministream_testkit.net import accepts, free_port
+from ministream_testkit.processes import stop_process
 from ministream_testkit.waiting import wait_until
 
 REGION = "us-east-1"
@@ -259,15 +260,7 @@ class S3Server:
         ]
 
     def stop(self) -> None:
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(self.process)
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), as a crashed or partitioned store would."""

@@ -31,9 +31,9 @@ import httpx
 from ministream_sidecar.engine_client import parse_request_counts
 from ministream_testkit.net import free_port
 
-from .chart_pod import ChartPod, chart_pod
+from .chart_pod import ChartPod
 from .engine import LoadSpec, run_engine
-from .fleet import Pod, PodTemplate
+from .fleet import Pod
 from .haproxy import Slot
 from .pod_run import PodRun
 from .probes import PodProbes
@@ -85,14 +85,8 @@ class Overload:
         self.cfg = cfg
         run = cfg.pod
         self.workdir = run.work_dir("-work")
-        self.chart: ChartPod = chart_pod(run.chart, run.chart_values, run.chart_sets, run.helm)
-        self.template = PodTemplate(
-            model=run.model,
-            served_name=run.served_name,
-            vllm_args=run.vllm_args,
-            chart=self.chart,
-            log_dir=self.workdir / "logs",
-        )
+        self.chart: ChartPod = run.render()
+        self.template = run.template(self.chart, self.workdir / "logs")
         self.pod = Pod("overload", Slot(0, free_port(), free_port()), self.template)
         self.probes: PodProbes | None = None
 

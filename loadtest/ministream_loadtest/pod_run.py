@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chart_pod import DEFAULT_CHART
+from .chart_pod import DEFAULT_CHART, ChartPod, chart_pod
+from .fleet import PodTemplate
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,22 @@ class PodRun:
     def work_dir(self, suffix: str) -> Path:
         """The run's working folder: `workdir`, else `<report stem><suffix>` beside it."""
         return self.workdir or self.output.with_name(self.output.stem + suffix)
+
+    def render(self, sets: dict[str, Any] | None = None) -> ChartPod:
+        """The chart's pod, rendered with the run's values and `sets` on top."""
+        return chart_pod(
+            self.chart, self.chart_values, {**self.chart_sets, **(sets or {})}, self.helm
+        )
+
+    def template(self, chart: ChartPod, log_dir: Path) -> PodTemplate:
+        """What every pod of the run runs: the rendered chart pod, serving the run's model."""
+        return PodTemplate(
+            model=self.model,
+            served_name=self.served_name,
+            vllm_args=self.vllm_args,
+            chart=chart,
+            log_dir=log_dir,
+        )
 
     def as_report(self) -> dict[str, Any]:
         """The fields as JSON values, for a report's `config`."""

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ministream_testkit.provenance import vllm_version
 
-from .chart_pod import RolloutMode, chart_pod
+from .chart_pod import RolloutMode
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec
-from .fleet import Pod, PodTemplate, ProcessFleet
+from .fleet import Pod, ProcessFleet
 from .haproxy import HAProxy, Slot, StateWatcher
 from .pod_run import PodRun
 from .records import RequestRecord, load_records
@@ -81,14 +81,14 @@ class Rollout:
             raise ValueError("--replicas must be at least 1")
         self.cfg = cfg
         run = cfg.pod
-        sets: dict[str, Any] = dict(run.chart_sets)
+        sets: dict[str, Any] = {}
         if cfg.rollout_mode:
             sets["rollout.mode"] = cfg.rollout_mode
         if cfg.runtime == "podman":
             from .podman_fleet import podman_chart_values
 
             sets.update(podman_chart_values(run.model, run.served_name, run.vllm_args, {}))
-        self.chart = chart_pod(run.chart, run.chart_values, sets, run.helm)
+        self.chart = run.render(sets)
         self.mode: RolloutMode = self.chart.rollout_mode
         self.restarts = cfg.replicas if cfg.restarts is None else cfg.restarts
         if not 1 <= self.restarts <= cfg.replicas:
@@ -107,18 +107,14 @@ class Rollout:
         if cfg.runtime == "podman":
             from .podman_fleet import PodmanFleet
 
-            self.fleet = PodmanFleet(run.chart, run.chart_values, sets, run.helm, self.workdir)
+            self.fleet = PodmanFleet(
+                run.chart, run.chart_values, {**run.chart_sets, **sets}, run.helm, self.workdir
+            )
         else:
             self.fleet = ProcessFleet()
         n_slots = cfg.replicas + (1 if self.mode == "surge" else 0)
         self.slots = self.fleet.slots(n_slots)
-        self.template = PodTemplate(
-            model=run.model,
-            served_name=run.served_name,
-            vllm_args=run.vllm_args,
-            chart=self.chart,
-            log_dir=self.workdir / "pods",
-        )
+        self.template = run.template(self.chart, self.workdir / "pods")
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened

@@ -26,9 +26,8 @@ import numpy as np
 
 from ministream_testkit.net import free_port
 
-from .chart_pod import chart_pod
 from .engine import LoadSpec, run_engine
-from .fleet import Pod, PodTemplate
+from .fleet import Pod
 from .haproxy import Slot
 from .pod_run import PodRun
 from .records import latency_summary, load_records
@@ -127,13 +126,7 @@ class Sampler:
 def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     run = cfg.pod
     workdir = run.work_dir("-work")
-    template = PodTemplate(
-        model=run.model,
-        served_name=run.served_name,
-        vllm_args=run.vllm_args,
-        chart=chart_pod(run.chart, run.chart_values, run.chart_sets, run.helm),
-        log_dir=workdir / "logs",
-    )
+    template = run.template(run.render(), workdir / "logs")
     pod = Pod("soak", Slot(0, free_port(), free_port()), template)
     spec = LoadSpec(
         base_url=pod.api_url,

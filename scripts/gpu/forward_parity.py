@@ -46,6 +46,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from engine_versions import engine_versions  # noqa: E402
 from paired_stats import fmt_ratio, ratio_summary  # noqa: E402
 
 PROCESS_START = time.time()
@@ -85,14 +86,6 @@ def _prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[s
     return [
         {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(n)
     ]
-
-
-def _versions() -> dict[str, str]:
-    import torch
-    import vllm
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"vllm": vllm.__version__, "torch": torch.__version__, "device": device}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind, n, length in shapes:
             rep(name, kind, n, length, seed=-1)
 
-    versions = _versions()
+    versions = engine_versions()
 
     def write_report(rounds: int, resamples: int = 4000) -> dict[str, Any]:
         """Summarise and write the JSON (after every round: a killed run keeps its rounds)."""

@@ -39,6 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from engine_versions import engine_versions  # noqa: E402
 from paired_stats import fmt_ratio, ratio_summary  # noqa: E402
 
 VARIANT_ARGS: dict[str, dict[str, Any]] = {"bf16": {}, "fp8": {"quantization": "fp8"}}
@@ -70,14 +71,6 @@ def accuracy(reference: list[Any], got: list[Any], atol: float) -> dict[str, Any
         "atol": atol,
         "pass": not close and max_delta <= atol,
     }
-
-
-def _versions() -> dict[str, str]:
-    import torch
-    import vllm
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"vllm": vllm.__version__, "torch": torch.__version__, "device": device}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
-        "versions": _versions(),
+        "versions": engine_versions(),
         "settings": vars(args) | {"llm_args": llm_args},
         "variants": {},
     }

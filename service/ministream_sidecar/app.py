@@ -19,6 +19,7 @@ from ministream.startup_log import process_start_time
 from . import __version__
 from .api import build_router
 from .api.errors import install_error_handlers
+from .context import SidecarContext
 from .drain import Drainer
 from .engine_client import VLLMClient
 from .events import EventRecorder, build_event_recorder
@@ -60,21 +61,11 @@ def create_app(
             transport=transport,
         )
         events = event_recorder or build_event_recorder(app_settings, metrics)
-        resolver = ModelResolver(settings=app_settings, client=client, state=state, metrics=metrics)
-        warmup = WarmupRunner(
-            settings=app_settings,
-            client=client,
-            state=state,
-            metrics=metrics,
-            events=events,
-            resolve_model=resolver,
-        )
-        drainer = Drainer(
-            settings=app_settings, client=client, state=state, metrics=metrics, events=events
-        )
-        monitor = HealthMonitor(
-            settings=app_settings, client=client, state=state, warmup=warmup, resolve_model=resolver
-        )
+        ctx = SidecarContext(app_settings, client, state, metrics, events)
+        resolver = ModelResolver(ctx)
+        warmup = WarmupRunner(ctx, resolve_model=resolver)
+        drainer = Drainer(ctx)
+        monitor = HealthMonitor(ctx, warmup=warmup, resolve_model=resolver)
         app.state.settings = app_settings
         app.state.metrics = metrics
         app.state.serving = state

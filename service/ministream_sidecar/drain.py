@@ -18,12 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .engine_client import RequestCounts, VLLMClient
+from .context import SidecarContext
+from .engine_client import RequestCounts
 from .errors import SidecarError
-from .events import EventReason, EventRecorder, EventType
-from .metrics import DrainOutcome, SidecarMetrics
-from .settings import SidecarSettings
-from .state import ServingState
+from .events import EventReason, EventType
+from .metrics import DrainOutcome
 
 log = logging.getLogger(__name__)
 
@@ -42,32 +41,24 @@ class DrainResult:
 class Drainer:
     def __init__(
         self,
+        ctx: SidecarContext,
         *,
-        settings: SidecarSettings,
-        client: VLLMClient,
-        state: ServingState,
-        metrics: SidecarMetrics,
-        events: EventRecorder,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._settings = settings
-        self._client = client
-        self._state = state
-        self._metrics = metrics
-        self._events = events
+        self._ctx = ctx
         self._sleep = sleep
         self._task: asyncio.Task[DrainResult] | None = None
         self._started: float | None = None  # monotonic time of the first drain call
 
     async def drain(self, timeout_seconds: float | None = None) -> DrainResult:
         """Go unready now; wait for idle or the timeout. Concurrent calls share one wait."""
-        if not self._state.draining:
-            self._state.start_drain()  # readiness flips before anything is awaited
+        if not self._ctx.state.draining:
+            self._ctx.state.start_drain()  # readiness flips before anything is awaited
             self._started = time.monotonic()
             log.info("drain started")
-            self._events.emit(EventReason.DRAIN_STARTED, "drain started: pod is unready")
+            self._ctx.events.emit(EventReason.DRAIN_STARTED, "drain started: pod is unready")
         if self._task is None or self._task.done():
-            timeout = timeout_seconds or self._settings.drain_timeout_seconds
+            timeout = timeout_seconds or self._ctx.settings.drain_timeout_seconds
             self._task = asyncio.get_running_loop().create_task(self._wait_idle(timeout))
         return await asyncio.shield(self._task)
 
@@ -77,18 +68,18 @@ class Drainer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _wait_idle(self, timeout: float) -> DrainResult:
-        s = self._settings
+        s = self._ctx.settings
         assert self._started is not None
         began = time.monotonic()
         deadline = began + timeout
         not_before = self._started + s.drain_min_seconds
-        model = self._state.model or s.model_name or None
+        model = self._ctx.state.model or s.model_name or None
         last: RequestCounts | None = None
         last_error: str | None = None
         polls = errors = idle_streak = 0
         while True:
             try:
-                last = await self._client.request_counts(model)
+                last = await self._ctx.client.request_counts(model)
             except SidecarError as exc:
                 errors += 1
                 idle_streak = 0
@@ -113,8 +104,8 @@ class Drainer:
             scrape_errors=errors,
             last_error=last_error,
         )
-        self._metrics.drains.labels(outcome.value).inc()
-        self._metrics.drain_duration_seconds.observe(result.duration_seconds)
+        self._ctx.metrics.drains.labels(outcome.value).inc()
+        self._ctx.metrics.drain_duration_seconds.observe(result.duration_seconds)
         fields = {
             "outcome": outcome.value,
             "duration_seconds": result.duration_seconds,
@@ -125,13 +116,13 @@ class Drainer:
         }
         if outcome is DrainOutcome.IDLE:
             log.info("drain finished", extra=fields)
-            self._events.emit(
+            self._ctx.events.emit(
                 EventReason.DRAIN_FINISHED,
                 f"vLLM idle after {result.duration_seconds:.1f}s of drain",
             )
         else:
             log.warning("drain timed out", extra={**fields, "error": last_error})
-            self._events.emit(
+            self._ctx.events.emit(
                 EventReason.DRAIN_TIMED_OUT,
                 f"drain timed out after {result.duration_seconds:.1f}s with "
                 f"{result.running} running and {result.waiting} waiting requests",

@@ -8,11 +8,10 @@ import logging
 from ministream import startup_log
 
 from . import startup_phases
-from .engine_client import Health, VLLMClient
+from .context import SidecarContext
+from .engine_client import Health
 from .errors import ModelUnknown, SidecarError
-from .metrics import SidecarMetrics
-from .settings import SidecarSettings
-from .state import HealthTransition, ServingState, WarmupState
+from .state import HealthTransition, WarmupState
 from .warmup import WarmupRunner
 
 log = logging.getLogger(__name__)
@@ -21,27 +20,17 @@ log = logging.getLogger(__name__)
 class ModelResolver:
     """The served model name: configured, or the first one vLLM lists under /v1/models."""
 
-    def __init__(
-        self,
-        *,
-        settings: SidecarSettings,
-        client: VLLMClient,
-        state: ServingState,
-        metrics: SidecarMetrics,
-    ) -> None:
-        self._settings = settings
-        self._client = client
-        self._state = state
-        self._metrics = metrics
-        if settings.model_name:
-            self._adopt(settings.model_name)
+    def __init__(self, ctx: SidecarContext) -> None:
+        self._ctx = ctx
+        if ctx.settings.model_name:
+            self._adopt(ctx.settings.model_name)
         else:
             self._publish_info("")
 
     async def __call__(self) -> str:
-        if self._state.model:
-            return self._state.model
-        models = await self._client.served_models()
+        if self._ctx.state.model:
+            return self._ctx.state.model
+        models = await self._ctx.client.served_models()
         if not models:
             raise ModelUnknown("vLLM lists no model under /v1/models")
         self._adopt(models[0].name)
@@ -52,12 +41,12 @@ class ModelResolver:
         return models[0].name
 
     def _adopt(self, name: str) -> None:
-        self._state.model = name
+        self._ctx.state.model = name
         self._publish_info(name)
 
     def _publish_info(self, model: str) -> None:
-        s = self._settings
-        self._metrics.set_info(
+        s = self._ctx.settings
+        self._ctx.metrics.set_info(
             model=model,
             revision=s.info_revision,
             load_format=s.info_load_format,
@@ -67,17 +56,9 @@ class ModelResolver:
 
 class HealthMonitor:
     def __init__(
-        self,
-        *,
-        settings: SidecarSettings,
-        client: VLLMClient,
-        state: ServingState,
-        warmup: WarmupRunner,
-        resolve_model: ModelResolver,
+        self, ctx: SidecarContext, *, warmup: WarmupRunner, resolve_model: ModelResolver
     ) -> None:
-        self._settings = settings
-        self._client = client
-        self._state = state
+        self._ctx = ctx
         self._warmup = warmup
         self._resolve_model = resolve_model
 
@@ -87,26 +68,26 @@ class HealthMonitor:
                 await self.check_once()
             except Exception:  # the loop is the sidecar's heartbeat: it must survive bugs
                 log.exception("health check crashed")
-            await asyncio.sleep(self._settings.health_interval_seconds)
+            await asyncio.sleep(self._ctx.settings.health_interval_seconds)
 
     async def check_once(self) -> HealthTransition:
-        ok = await self._client.health() is Health.OK
-        if not ok and self._state.upstream_ever_up and await self._progressing():
-            transition = self._state.record_busy()
+        ok = await self._ctx.client.health() is Health.OK
+        if not ok and self._ctx.state.upstream_ever_up and await self._progressing():
+            transition = self._ctx.state.record_busy()
             self._log(transition)
             return transition
-        transition = self._state.record_health(ok)
+        transition = self._ctx.state.record_health(ok)
         self._log(transition)
         if not ok:
             return transition
-        if transition is HealthTransition.FIRST_UP and self._settings.startup_log:
-            self._record_engine_phases(self._settings.startup_log)
-        if not self._state.model:
+        if transition is HealthTransition.FIRST_UP and self._ctx.settings.startup_log:
+            self._record_engine_phases(self._ctx.settings.startup_log)
+        if not self._ctx.state.model:
             try:
                 await self._resolve_model()
             except SidecarError as exc:
                 log.warning("could not discover the served model", extra={"error": exc.message})
-        if self._settings.warmup_on_start and self._state.warmup is WarmupState.PENDING:
+        if self._ctx.settings.warmup_on_start and self._ctx.state.warmup is WarmupState.PENDING:
             self._warmup.trigger()
         return transition
 
@@ -117,7 +98,7 @@ class HealthMonitor:
             log.warning("no vLLM startup log", extra={"path": path})
             return
         phases = startup_phases.parse(lines)["phases"]
-        self._state.record_engine_phases(phases)
+        self._ctx.state.record_engine_phases(phases)
         log.info(
             "vLLM start, by phase",
             extra={k: round(v, 3) for k, v in phases.items() if v is not None},
@@ -130,16 +111,16 @@ class HealthMonitor:
         with the requests) while it generates at full speed; restarting it then would move
         its queue to the other pods and cascade. A hung one (stopped, deadlocked) answers
         neither /health nor /metrics, or answers with counters that stand still."""
-        s = self._settings
-        before = await self._client.tokens_processed(s.progress_timeout_seconds)
+        s = self._ctx.settings
+        before = await self._ctx.client.tokens_processed(s.progress_timeout_seconds)
         if before is None:
             return False
         await asyncio.sleep(s.progress_window_seconds)
-        after = await self._client.tokens_processed(s.progress_timeout_seconds)
+        after = await self._ctx.client.tokens_processed(s.progress_timeout_seconds)
         return after is not None and after > before
 
     def _log(self, transition: HealthTransition) -> None:
-        s = self._state
+        s = self._ctx.state
         if transition is HealthTransition.FIRST_UP:
             log.info(
                 "vLLM healthy",

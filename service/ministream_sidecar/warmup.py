@@ -16,12 +16,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from .engine_client import VLLMClient
+from .context import SidecarContext
 from .errors import Draining, SidecarError
-from .events import EventReason, EventRecorder, EventType
-from .metrics import Outcome, SidecarMetrics
-from .settings import SidecarSettings
-from .state import ServingState, WarmupState
+from .events import EventReason, EventType
+from .metrics import Outcome
+from .state import WarmupState
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +57,12 @@ def prompt_token_ids(seed: int, length: int) -> list[int]:
 class WarmupRunner:
     def __init__(
         self,
+        ctx: SidecarContext,
         *,
-        settings: SidecarSettings,
-        client: VLLMClient,
-        state: ServingState,
-        metrics: SidecarMetrics,
-        events: EventRecorder,
         resolve_model: Callable[[], Awaitable[str]],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._settings = settings
-        self._client = client
-        self._state = state
-        self._metrics = metrics
-        self._events = events
+        self._ctx = ctx
         self._resolve_model = resolve_model
         self._sleep = sleep
         self._task: asyncio.Task[WarmupResult] | None = None
@@ -80,15 +71,15 @@ class WarmupRunner:
 
     def trigger(self) -> None:
         """Start a run in the background unless one is running or one has succeeded."""
-        if self._state.warmup is WarmupState.SUCCEEDED or self._state.draining:
+        if self._ctx.state.warmup is WarmupState.SUCCEEDED or self._ctx.state.draining:
             return
         self._ensure_task()
 
     async def run(self) -> WarmupResult:
         """Run warmup now, or join the run in progress, or return the earlier success."""
-        if self._state.draining:
+        if self._ctx.state.draining:
             raise Draining("the pod is draining; warmup will not run")
-        if self._state.warmup is WarmupState.SUCCEEDED and self._last is not None:
+        if self._ctx.state.warmup is WarmupState.SUCCEEDED and self._last is not None:
             return replace(self._last, ran=False)
         # shield: a client that hangs up must not cancel the run other callers wait on.
         return await asyncio.shield(self._ensure_task())
@@ -105,7 +96,7 @@ class WarmupRunner:
 
     async def _run(self) -> WarmupResult:
         self._runs += 1
-        self._state.set_warmup(WarmupState.RUNNING)
+        self._ctx.state.set_warmup(WarmupState.RUNNING)
         started = time.monotonic()
         try:
             return await self._attempts(started)
@@ -114,7 +105,7 @@ class WarmupRunner:
             return self._finish(False, 0, _AttemptResult(0, 0, repr(exc)), started, "")
 
     async def _attempts(self, started: float) -> WarmupResult:
-        s = self._settings
+        s = self._ctx.settings
         model = ""
         attempt = 0
         outcome = _AttemptResult(0, 0, None)
@@ -129,7 +120,7 @@ class WarmupRunner:
             },
         )
         for attempt in range(1, s.warmup_max_attempts + 1):
-            if self._state.draining:
+            if self._ctx.state.draining:
                 outcome = replace(outcome, first_error="drain started during warmup")
                 break
             try:
@@ -159,7 +150,7 @@ class WarmupRunner:
         return self._finish(False, attempt, outcome, started, model)
 
     async def _attempt(self, model: str, attempt: int) -> _AttemptResult:
-        s = self._settings
+        s = self._ctx.settings
         gate = asyncio.Semaphore(s.warmup_concurrency)
         errors: list[str] = []
 
@@ -167,7 +158,7 @@ class WarmupRunner:
             async with gate:
                 begun = time.monotonic()
                 try:
-                    await self._client.complete(
+                    await self._ctx.client.complete(
                         model=model,
                         prompt_token_ids=prompt_token_ids(
                             (attempt - 1) * s.warmup_requests + index, s.warmup_prompt_tokens
@@ -180,8 +171,8 @@ class WarmupRunner:
                     ok = False
                 else:
                     ok = True
-                self._metrics.warmup_request_duration_seconds.observe(time.monotonic() - begun)
-                self._metrics.warmup_requests.labels(
+                self._ctx.metrics.warmup_request_duration_seconds.observe(time.monotonic() - begun)
+                self._ctx.metrics.warmup_requests.labels(
                     (Outcome.SUCCESS if ok else Outcome.FAILURE).value
                 ).inc()
                 return ok
@@ -204,19 +195,21 @@ class WarmupRunner:
             last_error=None if ok else outcome.first_error,
         )
         self._last = result
-        self._metrics.warmup_runs.labels((Outcome.SUCCESS if ok else Outcome.FAILURE).value).inc()
-        self._state.set_warmup(WarmupState.SUCCEEDED if ok else WarmupState.FAILED)
+        self._ctx.metrics.warmup_runs.labels(
+            (Outcome.SUCCESS if ok else Outcome.FAILURE).value
+        ).inc()
+        self._ctx.state.set_warmup(WarmupState.SUCCEEDED if ok else WarmupState.FAILED)
         fields = {"attempts": attempts, "duration_seconds": result.duration_seconds, "model": model}
         if ok:
             log.info("warmup succeeded", extra=fields)
-            self._events.emit(
+            self._ctx.events.emit(
                 EventReason.WARMUP_SUCCEEDED,
                 f"warmup of {model} finished in {result.duration_seconds:.1f}s "
                 f"after {attempts} attempt(s)",
             )
         else:
             log.error("warmup failed", extra={**fields, "error": result.last_error})
-            self._events.emit(
+            self._ctx.events.emit(
                 EventReason.WARMUP_FAILED,
                 f"warmup of {model or '?'} failed after {attempts} attempt(s): {result.last_error}",
                 EventType.WARNING,

@@ -152,6 +152,21 @@ class OpenWatch:
         os.close(self._fd)
 
 
+def _server(
+    model: str,
+    log_path: Path,
+    extra_args: Sequence[str],
+    env: Mapping[str, str] | None,
+    tp: int,
+) -> VLLMServer:
+    return VLLMServer(
+        model=model,
+        log_path=log_path,
+        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
+        env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
+    )
+
+
 def serve(
     model: str,
     log_path: Path,
@@ -161,13 +176,7 @@ def serve(
     tp: int = 1,
 ) -> Served:
     """Start a server, wait for /health, take greedy completions (and per-rank reads), stop."""
-    server = VLLMServer(
-        model=model,
-        log_path=log_path,
-        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
-        env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
-    )
-    server.start()
+    server = _server(model, log_path, extra_args, env, tp).start()
     try:
         server.wait_healthy(timeout=START_TIMEOUT)
         pids = worker_pids(server)
@@ -188,13 +197,7 @@ def expect_start_failure(
     timeout: float = START_TIMEOUT,
 ) -> str:
     """Start a server that must exit without ever answering /health OK; return its log."""
-    server = VLLMServer(
-        model=model,
-        log_path=log_path,
-        args=[*BASE_ARGS, "--tensor-parallel-size", str(tp), *extra_args],
-        env={**(env or {}), **(TP2_ENV if tp == 2 else {})},
-    )
-    server.start()
+    server = _server(model, log_path, extra_args, env, tp).start()
 
     def exited_without_serving() -> bool:
         assert server.process is not None

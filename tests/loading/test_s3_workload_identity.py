@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ import yaml
 from ministream_reference.golden import reference_completions
 from ministream_testkit.helm import helm_path
 from ministream_testkit.net import accepts, free_port
+from ministream_testkit.processes import stop_process
 from ministream_testkit.waiting import wait_until
 from tests.loading.helpers import PROMPTS, assert_same_tokens, serve
 
@@ -152,13 +152,7 @@ def identity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServe
         boto3.client("s3", **admin).create_bucket(Bucket=BUCKET)
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
-"""The sidecar image has no torch, vLLM or plugin: importing the sidecar must not need them."""
+"""The sidecar image has no torch or vLLM: importing the sidecar must not need them, and of the
+plugin package it may load only the torch-free startup-log module the two sides share
+(docs/architecture.md §1.6)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import textwrap
 
 # Each forbidden name is poisoned in sys.modules (None makes `import x` raise ImportError),
 # so any import of it, direct or transitive, fails the child process.
-FORBIDDEN = ("torch", "vllm", "ministream", "transformers", "triton", "numpy")
+FORBIDDEN = ("torch", "vllm", "transformers", "triton", "numpy")
+FROM_PLUGIN = ("ministream", "ministream.startup_log")
 
 CHILD = textwrap.dedent(
     """
@@ -26,6 +29,8 @@ CHILD = textwrap.dedent(
     loaded = sorted(n for n in sys.modules if n.split(".")[0] in {forbidden!r}
                     and sys.modules[n] is not None)
     assert not loaded, loaded
+    plugin = sorted(n for n in sys.modules if n.split(".")[0] == "ministream")
+    assert set(plugin) <= set({from_plugin!r}), plugin
     # Outside a cluster, the Kubernetes client is not even imported.
     assert "kubernetes" not in sys.modules
     print("imported", len(names), "modules")
@@ -33,9 +38,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_sidecar_imports_without_torch_vllm_or_plugin() -> None:
+def test_sidecar_imports_without_torch_vllm_or_the_model_code() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD.format(forbidden=FORBIDDEN)],
+        [sys.executable, "-c", CHILD.format(forbidden=FORBIDDEN, from_plugin=FROM_PLUGIN)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -250,12 +250,7 @@ def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    try:
-        status = proc.wait(300)
-    finally:
-        stop_everything(proc, log)
-    output = log.read_text()
-    assert status != 0, output
+    output = failed_output(proc, log)
     assert "vLLM exited with status" in output
     assert gone(pid_of(log, "sidecar"))
     # The last line is vLLM's own reason (an exception line from its output), not a status.
@@ -263,6 +258,17 @@ def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
     assert re.match(r"ministream up: vLLM exited with status \d+: \w+(Error|Exception): ", last), (
         last
     )
+
+
+def failed_output(proc: subprocess.Popen[str], log: Path) -> str:
+    """The output of a launch that must exit non-zero by itself (within 300 s)."""
+    try:
+        status = proc.wait(300)
+    finally:
+        stop_everything(proc, log)
+    output = log.read_text()
+    assert status != 0, output
+    return output
 
 
 def last_line(output: str) -> str:
@@ -340,12 +346,7 @@ def test_up_ends_with_vllms_reason_and_what_to_set_when_it_refuses_for_memory(
     # so this is `ministream up` as it was before it sized the cache.
     args = up_args(tiny_model_dir, "--gpu-memory-utilization", "0.92")
     proc, log = launch(args, tmp_path, size_kv_cache=True)
-    try:
-        status = proc.wait(300)
-    finally:
-        stop_everything(proc, log)
-    output = log.read_text()
-    assert status != 0, output
+    output = failed_output(proc, log)
     assert "ministream up: KV cache" not in output  # the size is left to the user's flag
     last = last_line(output)
     assert last.startswith("ministream up: vLLM exited with status 1: ValueError: Available "), last
