@@ -150,6 +150,24 @@ def _path_rule(check: Callable[[str], bool]) -> Callable[[Json], bool]:
     return lambda p: p["type"] not in ("Exact", "PathPrefix") or check(p["value"])
 
 
+_DURATION_PART = re.compile(r"([0-9]+)(h|ms|m|s)")
+_DURATION_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def _duration(text: str) -> float:
+    """A Gateway API duration (GEP-2257, e.g. `1h30m`, `500ms`) in seconds."""
+    return sum(int(n) * _DURATION_UNIT[u] for n, u in _DURATION_PART.findall(text))
+
+
+def _backend_within_request(t: Json) -> bool:
+    return not (
+        "request" in t
+        and "backendRequest" in t
+        and _duration(t["request"]) != 0
+        and _duration(t["backendRequest"]) > _duration(t["request"])
+    )
+
+
 CEL_TWINS: dict[str, Callable[[Any], bool]] = {
     # keda.sh ScaledObject .spec
     "minReplicaCount must be less than or equal to maxReplicaCount": lambda s: (
@@ -177,6 +195,8 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
         == 1
         for a in refs
     ),
+    # HTTPRoute .spec.rules[].timeouts
+    "backendRequest timeout cannot be longer than request timeout": _backend_within_request,
     # HTTPRoute .spec.rules, .spec.rules[]
     "While 16 rules and 64 matches per rule are allowed, the total number of matches across all "
     "rules in a route must be less than 128": lambda rules: (

@@ -233,6 +233,16 @@ def test_kv_cache_signal_and_extra_triggers(tmp_path: Path) -> None:
     assert not crd_errors(out)
 
 
+def test_a_release_scaled_to_zero_reads_no_series_as_idle(tmp_path: Path) -> None:
+    """At zero pods vLLM's series are gone by design: with ignoreNullValues "false" KEDA's
+    trigger would error (the ScaledObject Ready=False the whole idle time)."""
+    out = autoscaled(tmp_path, "keda", minReplicas=0, keda={**KEDA, "extraTriggers": [WAKE]})
+    triggers = out.one("ScaledObject")["spec"]["triggers"]
+    vllm = [t for t in triggers if t["type"] == "prometheus"]
+    assert vllm and all(t["metadata"]["ignoreNullValues"] == "true" for t in vllm)
+    assert WAKE in triggers and not crd_errors(out)
+
+
 def test_hpa_reads_the_generated_adapter_metrics(tmp_path: Path) -> None:
     """The HPA's Pods metrics are the ones the shipped prometheus-adapter rules serve, and
     those rules are the per-pod form of the same definition."""
@@ -353,6 +363,58 @@ def test_http_route_hosts_and_annotations(tmp_path: Path) -> None:
     assert doc["metadata"]["annotations"] == {"example.com/owner": "llm"}
     assert doc["spec"]["parentRefs"] == route["parentRefs"]
     assert not crd_errors(out)
+
+
+def test_http_route_gives_generations_time(tmp_path: Path) -> None:
+    """Envoy-based gateways end a route at 15 s unless it says otherwise: the route carries
+    the chart's request timeout, and a user's own passes the upstream schema."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    default = values["gateway"]["httpRoute"]["timeouts"]
+    (rule,) = render(FLEET).one("HTTPRoute")["spec"]["rules"]
+    assert rule["timeouts"] == {"request": default["request"]}
+    own = {"timeouts": {"request": "20m", "backendRequest": "15m"}}
+    out = render(FLEET, write(tmp_path, {"gateway": {"httpRoute": own}}))
+    (rule,) = out.one("HTTPRoute")["spec"]["rules"]
+    assert rule["timeouts"] == own["timeouts"] and not crd_errors(out)
+    longer = {"timeouts": {"request": "10m", "backendRequest": "1h"}}
+    out = render(FLEET, write(tmp_path, {"gateway": {"httpRoute": longer}}, "longer.yaml"))
+    assert any("backendRequest timeout cannot be longer" in e for e in crd_errors(out))
+    bad = {"timeouts": {"request": "10 minutes"}}
+    with pytest.raises(HelmError, match="timeouts"):
+        render(FLEET, write(tmp_path, {"gateway": {"httpRoute": bad}}, "bad.yaml"))
+
+
+def test_minimum_versions_are_stated_where_users_look() -> None:
+    """Chart.yaml's ministream.io/min-* annotations and the chart README's table agree, and
+    the fields that need them are the ones rendered."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    minimum = {
+        k.removeprefix("ministream.io/min-"): v
+        for k, v in chart["annotations"].items()
+        if k.startswith("ministream.io/min-")
+    }
+    readme = (CHART / "README.md").read_text()
+    table = readme[readme.index("## Minimum versions") :].split("\n## ", 1)[0]
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| add-on")
+    }
+    names = {
+        "prometheus-operator": "prometheus-operator",
+        "gateway-api": "Gateway API CRDs",
+        "inference-extension": "Gateway API Inference Extension",
+    }
+    assert set(minimum) == set(names)
+    for key, row in names.items():
+        assert minimum[key].startswith(rows[row]), (key, minimum[key], rows[row])
+    fleet = render(
+        FLEET, monitoring__podMonitor__enabled=True, monitoring__serviceMonitor__enabled=False
+    )
+    endpoints = fleet.one("PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert any("portNumber" in e for e in endpoints)
+    assert fleet.one("InferencePool")["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert "timeouts" in fleet.one("HTTPRoute")["spec"]["rules"][0]
 
 
 def test_gateway_objects_are_optional(tmp_path: Path) -> None:
