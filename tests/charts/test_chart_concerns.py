@@ -414,13 +414,22 @@ def test_every_writable_path_is_a_volume(rendered: Rendered) -> None:
         "HF_HOME",
         "VLLM_CACHE_ROOT",
         "TRITON_CACHE_DIR",
-        "PROMETHEUS_MULTIPROC_DIR",
     ):
         path = env_value(vllm, name)
         assert path and mounted(vllm, path), f"{name}={path} is not on a mounted volume"
     assert mounted(vllm, "/tmp") and mounted(vllm, "/dev/shm")
     for c in [container(pod_spec(rendered), "sidecar"), *shard_containers(rendered)]:
         assert mounted(c, "/tmp"), c["name"]
+
+
+def test_no_metrics_directory_outlives_a_vllm_restart(rendered: Rendered) -> None:
+    """vLLM's multiprocess metrics directory must be fresh at every start (vLLM warns that a
+    user-set one must be wiped between runs). The chart sets none, so vLLM makes its own
+    temporary one when it needs one (`--api-server-count` > 1), under the per-container /tmp."""
+    spec = pod_spec(rendered)
+    for c in spec["containers"] + spec.get("initContainers", []):
+        assert all(e["name"] != "PROMETHEUS_MULTIPROC_DIR" for e in c.get("env", [])), c["name"]
+    assert all("prometheus" not in v["name"] for v in spec["volumes"])
 
 
 def test_compile_cache_volume(rendered: Rendered, values: dict) -> None:

@@ -8,6 +8,9 @@ The engine's environment: vLLM on the server or leader, the Ray worker on the ot
 group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* variables).
 */}}
 {{- define "ministream.engineEnv" -}}
+{{- /* No PROMETHEUS_MULTIPROC_DIR: vLLM uses one only with --api-server-count > 1, then in a
+fresh temporary directory of its own under /tmp at every start; a directory set here would
+outlive a restarted vLLM container and feed KEDA, the HPA and the picker stale series. */ -}}
 # Read-only root filesystem: every path vLLM writes to is a mounted volume.
 - name: HOME
   value: /tmp
@@ -17,8 +20,6 @@ group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* 
   value: {{ include "ministream.compileCacheRoot" . }}
 - name: TRITON_CACHE_DIR
   value: {{ include "ministream.compileCacheRoot" . }}/triton
-- name: PROMETHEUS_MULTIPROC_DIR
-  value: /var/run/ministream/prometheus
 - name: VLLM_WORKER_MULTIPROC_METHOD
   value: {{ .Values.vllm.workerMultiprocMethod | quote }}
 {{- if .Values.model.hash }}
@@ -49,8 +50,6 @@ group (the ranks Ray starts there inherit it; vLLM forwards only its own VLLM_* 
   mountPath: /var/cache/ministream
 - name: compile-cache
   mountPath: {{ include "ministream.compileCacheRoot" . }}
-- name: prometheus-multiproc
-  mountPath: /var/run/ministream/prometheus
 {{- if include "ministream.usesModelVolume" . }}
 - name: model
   mountPath: {{ .Values.loading.local.mountPath | quote }}

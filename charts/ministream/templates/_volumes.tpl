@@ -23,9 +23,6 @@
   emptyDir:
     sizeLimit: {{ .Values.scratch.compileCacheSizeLimit | quote }}
   {{- end }}
-- name: prometheus-multiproc
-  emptyDir:
-    sizeLimit: 256Mi
 {{- if ne $role "worker" }}
 - name: startup-log
   emptyDir:
