@@ -449,11 +449,21 @@ def test_explicit_rollout_values_override_the_preset(
 
 @pytest.mark.parametrize("value", [1, 3, "1%", "25%", "100%"])
 def test_pdb_takes_a_count_or_a_percent(tmp_path: Path, value: int | str) -> None:
-    out = render(BASE, write(tmp_path, {"podDisruptionBudget": {"maxUnavailable": value}}))
+    values = {"replicaCount": 3, "podDisruptionBudget": {"maxUnavailable": value}}
+    out = render(BASE, write(tmp_path, values))
     pdb = out.one("PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == value
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(pdb, version, strict=True)
+
+
+def test_a_release_of_one_replica_has_no_budget(tmp_path: Path) -> None:
+    """maxUnavailable 1 at one replica protects nothing, and 0 would block node drains."""
+    assert not render(BASE).of_kind("PodDisruptionBudget")  # replicaCount 1
+    assert render(BASE, replicaCount=2).one("PodDisruptionBudget")
+    one = autoscaled(tmp_path, "hpa", minReplicas=1, maxReplicas=1)
+    assert not one.of_kind("PodDisruptionBudget")
+    assert render(FLEET).one("PodDisruptionBudget")  # autoscaled up to 8
 
 
 def test_default_spreading_is_soft_across_zones_then_hosts() -> None:
