@@ -41,6 +41,7 @@ from . import client, cpu_memory
 from .client import ENV_PREFIX
 from .output_tail import exit_reason
 from .processes import Child
+from .serve_vllm import VLLM_SERVER
 from .settings import SidecarSettings
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30  # seconds vLLM lets in-flight requests finish after SIGTERM
@@ -116,7 +117,7 @@ def vllm_command(args: UpArgs) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        VLLM_SERVER,
         "--model",
         args.model,
         "--port",
