@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 # (docs/sidecar.md); the benchmarks below pin theirs (GiB) so that their results compare.
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-overload soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-overload soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -108,6 +108,21 @@ bench-serve: setup-test images demo-model $(TINY_MODEL)/ministream_manifest.json
 	  --output $(ART)/bench-serve/rollout-podman-drain.json $(ROLLOUT_VLLM)
 	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --runtime podman \
 	  --no-drain --output $(ART)/bench-serve/rollout-podman-nodrain.json $(ROLLOUT_VLLM)
+
+# A bad release: the same fleet and load as the rolling restart, upgraded to a missing model,
+# a shard set for TP=2, and an engine flag vLLM refuses; each stall lasts the rendered
+# progressDeadlineSeconds, whose startup budget is sized for the tiny model here (631 s).
+TINY_TP2 := $(ART)/models/ministream-tiny-tp2
+BAD_RELEASE_CHART := --chart-set probes.startup.baseSeconds=30 --chart-set model.sizeGiB=0.01
+
+$(TINY_TP2)/ministream_shards.json: $(TINY_MODEL)/ministream_manifest.json
+	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream shard --model $(TINY_MODEL) -tp 2 \
+	  --dtype float32 --output $(TINY_TP2) --quiet
+
+bench-bad-release: setup-test $(TINY_MODEL)/ministream_manifest.json $(TINY_TP2)/ministream_shards.json  ## three bad releases under load, each stalled for the progress deadline, then rolled back (~45 min)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest bad-release --replicas 2 --rate 4 \
+	  --model $(TINY_MODEL) --served-model-name ministream-tiny --shards $(TINY_TP2) \
+	  $(BAD_RELEASE_CHART) --output $(ART)/bench-serve/bad-release.json $(ROLLOUT_VLLM)
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -31,6 +31,7 @@ _K8S_DEFAULT_SUCCESS_THRESHOLD = 1
 _K8S_DEFAULT_PERIOD_SECONDS = 10
 _K8S_DEFAULT_TIMEOUT_SECONDS = 1
 _K8S_DEFAULT_FAILURE_THRESHOLD = 3
+_K8S_DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
 # Pod wiring that each local pod sets for itself (ports and paths differ per pod on one
 # machine).
 _POD_WIRING = {"HOST", "PORT", "VLLM_URL", "MODEL_NAME", "STARTUP_LOG"}
@@ -93,6 +94,9 @@ class ChartPod:
     max_surge: int
     max_unavailable: int
     min_ready_seconds: int
+    # How long a rollout may go without progress before the Deployment reports it stalled
+    # (condition Progressing=False, reason ProgressDeadlineExceeded).
+    progress_deadline_seconds: int
     termination_grace_period_seconds: int
     prestop_command: tuple[str, ...]
     vllm_shutdown_timeout_seconds: int
@@ -250,6 +254,9 @@ def chart_pod(
         max_surge=max_surge,
         max_unavailable=max_unavailable,
         min_ready_seconds=int(spec.get("minReadySeconds", 0)),
+        progress_deadline_seconds=int(
+            spec.get("progressDeadlineSeconds", _K8S_DEFAULT_PROGRESS_DEADLINE_SECONDS)
+        ),
         termination_grace_period_seconds=int(pod["terminationGracePeriodSeconds"]),
         prestop_command=tuple(vllm["lifecycle"]["preStop"]["exec"]["command"]),
         vllm_shutdown_timeout_seconds=int(_flag(vllm["args"], "--shutdown-timeout")),

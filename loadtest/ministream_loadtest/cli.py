@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     _add_rollout_parser(sub)
+    _add_bad_release_parser(sub)
     _add_overload_parser(sub)
     _add_soak_parser(sub)
     return parser
@@ -208,6 +209,56 @@ def _add_rollout_parser(sub: Subparsers) -> None:
         help="process: each pod is a local vLLM and sidecar process; podman: each pod is the "
         "chart's rendered pod run from the images (`make images`) by `podman kube play` "
         "(root; CONTAINERS_CONF from `scripts/images.py env`)",
+    )
+
+
+def _add_bad_release_parser(sub: Subparsers) -> None:
+    from .bad_release import BAD_KINDS
+
+    br = sub.add_parser(
+        "bad-release",
+        help="upgrade N local replicas under load to releases that never turn ready, then "
+        "roll back",
+    )
+    br.add_argument("--replicas", type=int, default=2)
+    pod_run.add_options(
+        br, "the chart whose rendered pod, rollout and progress deadline are replayed"
+    )
+    br.add_argument(
+        "--kind",
+        dest="kinds",
+        action="append",
+        choices=BAD_KINDS,
+        help=f"bad release(s) to run in order, on one fleet (default: {', '.join(BAD_KINDS)})",
+    )
+    br.add_argument(
+        "--shards",
+        help="wrong-tp: a shard set made for another tensor-parallel size than the pods' "
+        "(`ministream shard --model MODEL -tp 2 --output DIR`)",
+    )
+    br.add_argument(
+        "--stall-seconds",
+        type=float,
+        help="end each stall this many seconds after the upgrade (once the new pod failed to "
+        "start) instead of at the rendered progressDeadlineSeconds",
+    )
+    br.add_argument(
+        "--rollout-mode", choices=["surge", "inPlace"], help="default: the chart's rollout.mode"
+    )
+    br.add_argument("--rate", type=float, default=2.0, help="requests/s of streaming load")
+    br.add_argument("--input-tokens", type=int, default=32)
+    br.add_argument("--output-tokens", type=int, default=32)
+    br.add_argument(
+        "--lead-in", type=float, default=10.0, help="seconds of load before the upgrade"
+    )
+    br.add_argument(
+        "--tail", type=float, default=15.0, help="seconds of load after the last rollback"
+    )
+    br.add_argument(
+        "--endpoint-lag",
+        type=float,
+        default=2.0,
+        help="seconds before a terminating pod leaves the load balancer",
     )
 
 
@@ -484,6 +535,36 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
     return 0
 
 
+def cmd_bad_release(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    from .bad_release import BAD_KINDS, BadReleaseConfig, run_bad_release, table
+    from .rollout import RolloutConfig
+
+    cfg = BadReleaseConfig(
+        rollout=RolloutConfig(
+            pod=pod_run.from_args(args, vllm_args),
+            replicas=args.replicas,
+            rollout_mode=args.rollout_mode,
+            rate=args.rate,
+            input_tokens=args.input_tokens,
+            output_tokens=args.output_tokens,
+            lead_in=args.lead_in,
+            tail=args.tail,
+            endpoint_lag=args.endpoint_lag,
+        ),
+        kinds=tuple(args.kinds or BAD_KINDS),
+        shards=args.shards,
+        stall_seconds=args.stall_seconds,
+    )
+    report = run_bad_release(cfg)
+    print(table(report), flush=True)
+    print(
+        f"sent {report['sent']}, failed {report['failed']}; report: {args.output}; "
+        f"goal met: {report['goal_met']}",
+        flush=True,
+    )
+    return 0 if report["goal_met"] else 1
+
+
 def cmd_overload(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .overload import OverloadConfig, run_overload, table
 
@@ -544,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_overload(args, extra)
         if args.command == "soak":
             return cmd_soak(args, extra)
+        if args.command == "bad-release":
+            return cmd_bad_release(args, extra)
         if args.replicas < 1 or (args.restarts is not None and args.restarts < 1):
             raise SystemExit("--replicas and --restarts must be >= 1")
         if math.isnan(args.endpoint_lag) or (
