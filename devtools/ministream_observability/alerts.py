@@ -15,6 +15,12 @@ from . import catalog as m
 from .promql import agg, increase, quantile, rate, rate_ratio, sel
 
 ALL_NAMESPACES = 'namespace=~".*"'
+# Workload-level series (kube-state-metrics) carry the object's name, not a pod's: the chart
+# replaces these exact matchers (before ALL_NAMESPACES) with its own Deployment's and
+# LeaderWorkerSet's names.
+ALL_DEPLOYMENTS = f'{ALL_NAMESPACES}, deployment=~".*"'
+ALL_STATEFULSETS = f'{ALL_NAMESPACES}, statefulset=~".*"'
+_ROLLOUT_CHANGE_WINDOW = "5m"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
@@ -51,6 +57,12 @@ class AlertParams:
     # there to be scraped (the timeout counter moves only at the drain's end). Set it to the
     # sidecar's drain timeout (chart: sidecar.drainTimeoutSeconds, default 60 s).
     drain_budget: str = "1m"
+    # How long a LeaderWorkerSet's group rollout may make no progress before
+    # MiniStreamRolloutStalled fires (a Deployment says so itself, at its progressDeadlineSeconds;
+    # a LeaderWorkerSet has no deadline); the alert fires up to 5 min (the change window) later.
+    # Keep it near the chart's progressDeadlineSeconds: the startup budget + 10 min (920 s at
+    # the chart's defaults).
+    rollout_stall_budget: str = "15m"
     # Where the runbooks live; each alert links to <base>#<alert name in lower case>.
     runbook_base_url: str = "docs/observability.md"
 
@@ -158,6 +170,37 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
     drain_fix = (
         "Raise sidecar.drainTimeoutSeconds (and the grace period) above the longest "
         "request, or cap max_tokens."
+    )
+    deployments, leader_sets = ALL_DEPLOYMENTS, ALL_STATEFULSETS
+    per_sts = ("namespace", "statefulset")
+    stalled_deployment = agg(
+        "max",
+        ("namespace", "deployment"),
+        sel(
+            m.DEPLOYMENT_CONDITION,
+            deployments,
+            eq("condition", "Progressing"),
+            eq("status", "false"),
+        ),
+    )
+    # Pods still on the old revision (the current revision is not the update revision), fewer
+    # pods updated than wanted, and that count unchanged for the whole budget.
+    old_revision = agg(
+        "max",
+        per_sts,
+        f"{sel(m.STS_CURRENT_REVISION, leader_sets)}\n"
+        f"unless on (namespace, statefulset, revision)\n"
+        f"{sel(m.STS_UPDATE_REVISION, leader_sets)}",
+    )
+    updated, wanted = sel(m.STS_UPDATED, leader_sets), sel(m.STS_REPLICAS, leader_sets)
+    behind = f"{updated}\n< on (namespace, statefulset)\n{wanted}"
+    # No change within the window, held for the budget (`for:`), as kubernetes-mixin's
+    # KubeStatefulSetUpdateNotRolledOut does: a window as long as the budget alone would fire
+    # on a fresh series (too few samples to show a change), e.g. after Prometheus restarts.
+    unchanged = f"changes({updated}[{_ROLLOUT_CHANGE_WINDOW}]) == 0"
+    rollout_fix = (
+        "`helm rollback` the release (or fix the values and upgrade again), then read the new "
+        "pod's vllm container log and restarts for the cause."
     )
     return (
         Alert(
@@ -286,6 +329,36 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             "running or waiting requests, and they will be cut off when the drain times out.",
             drain_fix,
             labels=(("reason", "over_budget"),),
+        ),
+        Alert(
+            "MiniStreamRolloutStalled",
+            fleet,
+            f"{stalled_deployment} == 1",
+            "0m",
+            "critical",
+            "Rollout of Deployment {{ $labels.namespace }}/{{ $labels.deployment }} stalled",
+            "The Deployment {{ $labels.namespace }}/{{ $labels.deployment }} made no progress "
+            "within its progressDeadlineSeconds (Progressing=False): its new pods do not turn "
+            "ready (model location, shard set, engine flags or image of the new release). The "
+            "old pods keep serving; the rollout stays stuck until it is rolled back or fixed.",
+            rollout_fix,
+            labels=(("kind", "Deployment"),),
+        ),
+        # Same alert for a multi-node release: its LeaderWorkerSet's leader StatefulSet.
+        Alert(
+            "MiniStreamRolloutStalled",
+            fleet,
+            f"{old_revision}\nand on (namespace, statefulset)\n({behind})\n"
+            f"and on (namespace, statefulset)\n({unchanged})",
+            p.rollout_stall_budget,
+            "critical",
+            "Rollout of LeaderWorkerSet {{ $labels.namespace }}/{{ $labels.statefulset }} stalled",
+            "The LeaderWorkerSet {{ $labels.namespace }}/{{ $labels.statefulset }} has groups on "
+            "the old revision and has updated no further group for at least "
+            f"{p.rollout_stall_budget}: the new groups do not turn ready. The old groups keep "
+            "serving; the rollout stays stuck until it is rolled back or fixed.",
+            rollout_fix,
+            labels=(("kind", "LeaderWorkerSet"),),
         ),
     )
 

@@ -133,6 +133,34 @@ RESTARTS = Metric(
 READY_REPLICAS = Metric(
     "kube_deployment_status_replicas_ready", G, Source.CLUSTER, "Ready replicas of a Deployment."
 )
+# A rollout's progress, per workload kind: a Deployment's own verdict (Progressing=False once
+# progressDeadlineSeconds passed without progress), and a LeaderWorkerSet's leader StatefulSet
+# (same name as the LeaderWorkerSet), which rolls whole groups and has no progress deadline.
+DEPLOYMENT_CONDITION = Metric(
+    "kube_deployment_status_condition",
+    G,
+    Source.CLUSTER,
+    "Deployment conditions by `condition` and `status` (true | false | unknown).",
+)
+STS_CURRENT_REVISION = Metric(
+    "kube_statefulset_status_current_revision",
+    G,
+    Source.CLUSTER,
+    "The StatefulSet revision its pods run (`revision`).",
+)
+STS_UPDATE_REVISION = Metric(
+    "kube_statefulset_status_update_revision",
+    G,
+    Source.CLUSTER,
+    "The StatefulSet revision being rolled out (`revision`).",
+)
+STS_REPLICAS = Metric("kube_statefulset_replicas", G, Source.CLUSTER, "Desired StatefulSet pods.")
+STS_UPDATED = Metric(
+    "kube_statefulset_status_replicas_updated",
+    G,
+    Source.CLUSTER,
+    "StatefulSet pods at the update revision.",
+)
 
 ALL: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,17 +12,18 @@ import pytest
 import yaml
 from promkit import ROOT, promtool
 
-from ministream_observability.alerts import ALL_NAMESPACES
+from ministream_observability.alerts import ALL_DEPLOYMENTS, ALL_NAMESPACES, ALL_STATEFULSETS
 from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
 from ministream_testkit.helm import helm_path
 
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "local-tp1-values.yaml"
+MULTINODE = CHART / "ci" / "multinode-2x8-values.yaml"
 SELECTOR = 'namespace="serving", pod=~"ms-ministream-[a-z0-9]+-[a-z0-9]+"'
 
 
-def _render(*sets: str) -> list[dict[str, Any]]:
-    args = [helm_path(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(VALUES)]
+def _render(*sets: str, values: Path = VALUES) -> list[dict[str, Any]]:
+    args = [helm_path(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(values)]
     for s in sets:
         args += ["--set", s]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60)
@@ -38,15 +40,23 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
     rendered: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     (rule,) = [d for d in rendered if d["kind"] == "PrometheusRule"]
+    (deployment,) = [d for d in rendered if d["kind"] == "Deployment"]
     plain = yaml.safe_load((ROOT / RULES_FILE).read_text())["groups"]
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
     for group in plain:
         shipped = by_name[group["name"]]["rules"]
         assert len(shipped) == len(group["rules"])
         for mine, theirs in zip(group["rules"], shipped, strict=True):
-            # Same rule, the all-namespaces matcher replaced by the release's selector;
-            # Prometheus templates in the annotations untouched (no `tpl`).
-            assert theirs["expr"] == mine["expr"].replace(ALL_NAMESPACES, SELECTOR)
+            # Same rule, the all-namespaces matcher replaced by the release's selector (the
+            # workload-level ones by its Deployment's name); Prometheus templates in the
+            # annotations untouched (no `tpl`).
+            workloads = mine["expr"].replace(
+                ALL_DEPLOYMENTS,
+                f'namespace="serving", deployment="{deployment["metadata"]["name"]}"',
+            )
+            if ALL_STATEFULSETS in workloads:  # the LeaderWorkerSet rule: its own test below
+                continue
+            assert theirs["expr"] == workloads.replace(ALL_NAMESPACES, SELECTOR)
             assert ALL_NAMESPACES not in theirs["expr"]
             assert {k: v for k, v in theirs.items() if k != "expr"} == {
                 k: v for k, v in mine.items() if k != "expr"
@@ -56,6 +66,29 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     out = promtool("check", "rules", path)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "kind", "label"),
+    [(VALUES, "Deployment", "deployment"), (MULTINODE, "LeaderWorkerSet", "statefulset")],
+)
+def test_rollout_alert_watches_this_releases_workload(values: Path, kind: str, label: str) -> None:
+    """MiniStreamRolloutStalled reads kube-state-metrics series of the workload object: the
+    release's Deployment, or its LeaderWorkerSet's leader StatefulSet (named as the
+    LeaderWorkerSet), never a pod selector (those series have no pod of ours)."""
+    rendered = _render("monitoring.prometheusRule.enabled=true", values=values)
+    (rule,) = [d for d in rendered if d["kind"] == "PrometheusRule"]
+    (workload,) = [d for d in rendered if d["kind"] == kind]
+    (stalled,) = [
+        r
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "MiniStreamRolloutStalled" and r["labels"]["kind"] == kind
+    ]
+    selectors = set(re.findall(r"\{([^}]*)\}", stalled["expr"]))
+    mine = f'namespace="serving", {label}="{workload["metadata"]["name"]}"'
+    assert selectors and all(s.startswith(mine) for s in selectors), stalled["expr"]
+    assert "pod=~" not in stalled["expr"] and '=~".*"' not in stalled["expr"]
 
 
 def test_dashboard_configmap_carries_the_generated_dashboards(
