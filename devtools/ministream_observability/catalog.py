@@ -113,7 +113,7 @@ WARMUP_DURATION = _sidecar(
 )
 WARMUP_RUNS = _sidecar("ministream_warmup_runs_total", C, "Warmup runs by `outcome`.")
 DRAIN_DURATION = _sidecar("ministream_drain_duration_seconds", H, "Duration of a drain.")
-DRAINS = _sidecar("ministream_drains_total", C, "Drains by `outcome` (idle | timeout).")
+DRAINS = _sidecar("ministream_drains_total", C, "Drains by `outcome` (idle | timeout | never_up).")
 UPSTREAM_FAILURES = _sidecar(
     "ministream_upstream_health_failures_total", C, "Failed vLLM /health checks."
 )

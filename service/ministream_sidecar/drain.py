@@ -7,7 +7,9 @@ DRAIN_TIMEOUT_SECONDS + vLLM's shutdown timeout + a margin.
 
 Idleness comes from vLLM's own gauges `vllm:num_requests_running` and
 `vllm:num_requests_waiting`: DRAIN_IDLE_POLLS consecutive scrapes with both at 0 end the
-drain (one scrape can fall between a request's arrival and its scheduling).
+drain (one scrape can fall between a request's arrival and its scheduling). A pod whose vLLM
+never came up (a bad release) has nothing to wait for: the drain ends at the first scrape that
+fails, instead of holding the pod's slot for the whole timeout.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class Drainer:
                 errors += 1
                 idle_streak = 0
                 last_error = exc.message
+                if not self._ctx.state.upstream_ever_up:
+                    outcome = DrainOutcome.NEVER_UP
+                    break
             else:
                 polls += 1
                 idle_streak = idle_streak + 1 if last.idle else 0
@@ -119,6 +124,12 @@ class Drainer:
             self._ctx.events.emit(
                 EventReason.DRAIN_FINISHED,
                 f"vLLM idle after {result.duration_seconds:.1f}s of drain",
+            )
+        elif outcome is DrainOutcome.NEVER_UP:
+            log.info("drain finished: vLLM never came up", extra={**fields, "error": last_error})
+            self._ctx.events.emit(
+                EventReason.DRAIN_FINISHED,
+                "vLLM never came up: nothing to drain",
             )
         else:
             log.warning("drain timed out", extra={**fields, "error": last_error})

@@ -42,6 +42,9 @@ class ColdStartPhase(str, enum.Enum):
 class DrainOutcome(str, enum.Enum):
     IDLE = "idle"  # vLLM reported no running and no waiting requests
     TIMEOUT = "timeout"  # DRAIN_TIMEOUT_SECONDS passed first
+    # vLLM never answered its health check and its metrics cannot be read: the pod was never
+    # ready, so no request can be inside it (a release whose engine never starts).
+    NEVER_UP = "never_up"
 
 
 # Warmup requests on CPU take 0.05-5 s; on GPUs 10 ms-1 s. Drains last up to the timeout.

@@ -197,6 +197,32 @@ def test_drain_times_out_and_reports_what_it_saw(start_sidecar: SidecarFactory) 
     assert sample(sidecar.metrics(), "ministream_drains_total", outcome="timeout") == 1
 
 
+def test_drain_of_a_pod_whose_vllm_never_came_up_ends_at_once(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A bad release: vLLM never answers, so the pod never took a request; the drain must not
+    hold the pod for its whole timeout (it did, 60 s a rollback, before `never_up`)."""
+    fake = FakeVLLM(healthy=False)
+    events = RecordingEvents()
+    sidecar = with_fake(start_sidecar, fake, events, drain_poll_interval_seconds=0.05)
+    body = sidecar.post("/drain", params={"timeout_seconds": 300}).json()
+    assert body["outcome"] == "never_up" and body["scrape_errors"] == 1
+    assert events.reasons[-2:] == [EventReason.DRAIN_STARTED, EventReason.DRAIN_FINISHED]
+    assert sample(sidecar.metrics(), "ministream_drains_total", outcome="never_up") == 1
+
+
+def test_drain_waits_when_a_vllm_that_served_stops_answering(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """Once vLLM has been up, unreadable metrics may hide requests in flight: wait as before."""
+    fake = FakeVLLM()
+    sidecar = with_fake(start_sidecar, fake, drain_poll_interval_seconds=0.05)
+    wait_until(sidecar.ready, 10, what="ready")
+    fake.healthy = False
+    body = sidecar.post("/drain", params={"timeout_seconds": 0.4}).json()
+    assert body["outcome"] == "timeout" and body["scrape_errors"] >= 2
+
+
 def test_liveness_fails_after_threshold_and_a_restarted_vllm_is_warmed_again(
     start_sidecar: SidecarFactory,
 ) -> None:
