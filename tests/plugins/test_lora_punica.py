@@ -56,8 +56,9 @@ def test_base_tokens_get_no_delta_with_every_slot_in_use(prefill: bool) -> None:
 
 
 def test_register_points_the_cpu_platform_at_the_guard() -> None:
-    import ministream
     from vllm.platforms import current_platform
+
+    import ministream
 
     ministream.register()
     assert install()  # idempotent: still ours
