@@ -76,7 +76,7 @@ def test_the_adapters_change_the_reference(case: LoraCase) -> None:
         assert sum(differs) >= 2, name
 
 
-@pytest.mark.parametrize("tp", [1])
+@pytest.mark.parametrize("tp", [1, 2])
 def test_adapters_and_base_in_one_batch_match_the_reference(
     case: LoraCase, tmp_path: Path, tp: int
 ) -> None:
