@@ -8,8 +8,8 @@ Order of operations, so that a prefix never looks complete while it is not:
    abort our stale multipart uploads;
 3. upload every file whose object is absent or differs (size, or the sha256 kept in the
    object's `x-amz-meta-sha256`): files in parallel, big files as parallel multipart parts,
-   one progress bar; `config.json` (an adapter's `adapter_config.json`) after all others. Unchanged files are skipped, so
-   re-running after an interruption resumes where it stopped;
+   one progress bar; `config.json` (an adapter's `adapter_config.json`) after all others.
+   Unchanged files are skipped, so re-running after an interruption resumes where it stopped;
 4. verify every object (size + sha256 metadata) against the manifest;
 5. write `ministream_manifest.json` last. The load guard refuses an S3 model without it.
 """
