@@ -8,8 +8,8 @@ Order of operations, so that a prefix never looks complete while it is not:
    abort our stale multipart uploads;
 3. upload every file whose object is absent or differs (size, or the sha256 kept in the
    object's `x-amz-meta-sha256`): files in parallel, big files as parallel multipart parts,
-   one progress bar; `config.json` after all others. Unchanged files are skipped, so
-   re-running after an interruption resumes where it stopped;
+   one progress bar; `config.json` (an adapter's `adapter_config.json`) after all others.
+   Unchanged files are skipped, so re-running after an interruption resumes where it stopped;
 4. verify every object (size + sha256 metadata) against the manifest;
 5. write `ministream_manifest.json` last. The load guard refuses an S3 model without it.
 """
@@ -142,7 +142,9 @@ def _transfer(
     # config.json goes after everything else (then the manifest): a prefix cut short is not
     # even loadable as a model, and the window in which all files but the manifest exist
     # (refused by the load guard) is as short as possible.
-    phases = [[n for n in names if n != "config.json"], [n for n in names if n == "config.json"]]
+    # An adapter directory's adapter_config.json likewise (vLLM reads it first).
+    last = ("config.json", "adapter_config.json")
+    phases = [[n for n in names if n not in last], [n for n in names if n in last]]
     try:
         with storage_errors(url, "uploading to"):
             for phase in phases:
