@@ -24,6 +24,43 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_lora(args: argparse.Namespace) -> int:
+    from ministream.demo import write_demo_adapter
+
+    out = write_demo_adapter(
+        args.base,
+        args.output,
+        rank=args.rank,
+        targets=args.targets,
+        alpha=args.alpha,
+        seed=args.seed,
+    )
+    print(f"wrote a random rank-{args.rank} adapter on {', '.join(args.targets)} to {out}")
+    return 0
+
+
+def _convert_lora(args: argparse.Namespace) -> int:
+    from ministream.lora_convert import convert_lora
+
+    result = convert_lora(
+        args.adapter,
+        args.base,
+        args.output,
+        name=args.name,
+        max_rank=args.max_rank,
+        dtype=args.dtype,
+        force=args.force,
+        progress=not args.quiet,
+    )
+    print(
+        f"converted adapter {result.name!r} (rank {result.rank}, {result.num_tensors} tensors "
+        f"on {', '.join(result.modules)}) into {result.output} "
+        f"(adapter hash {result.manifest.model_hash[:16]}). Serve: --enable-lora "
+        f"--max-lora-rank >= {result.rank} --lora-modules {result.name}={result.output}"
+    )
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     import logging
 
@@ -232,6 +269,55 @@ def _add_demo(sub: Subparsers) -> None:
     p.set_defaults(handler=_demo)
 
 
+def _add_demo_lora(sub: Subparsers) -> None:
+    from ministream.names import LORA_TARGETS
+
+    p = sub.add_parser(
+        "demo-lora", help="write a random LoRA adapter (training format) for a converted model"
+    )
+    p.add_argument("--base", required=True, type=Path, help="converted model directory")
+    p.add_argument("--output", required=True, type=Path, help="adapter.pt to write")
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        default=list(LORA_TARGETS),
+        choices=LORA_TARGETS,
+        metavar="TARGET",
+        help=f"raw matrices to adapt (default all: {' '.join(LORA_TARGETS)})",
+    )
+    p.add_argument("--alpha", type=float, help="LoRA alpha (default: the rank)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_demo_lora)
+
+
+def _add_convert_lora(sub: Subparsers) -> None:
+    from ministream.lora_convert import DEFAULT_MAX_RANK
+
+    p = sub.add_parser(
+        "convert-lora", help="convert a LoRA adapter (adapter.pt) into a directory vLLM serves"
+    )
+    p.add_argument(
+        "--adapter", required=True, type=Path, help="adapter.pt of the training framework"
+    )
+    p.add_argument(
+        "--base", required=True, type=Path, help="the converted model directory it adapts"
+    )
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--name", help="the name it is served under (default: the output's name)")
+    p.add_argument(
+        "--max-rank",
+        type=int,
+        default=DEFAULT_MAX_RANK,
+        help=f"refuse adapters of a higher rank (default {DEFAULT_MAX_RANK}); serve with "
+        "vLLM's --max-lora-rank at least this",
+    )
+    p.add_argument("--dtype", default="float32", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_convert_lora)
+
+
 def _add_convert(sub: Subparsers) -> None:
     p = sub.add_parser("convert", help="convert a raw checkpoint into a servable directory")
     p.add_argument(
@@ -364,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         _add_demo,
+        _add_demo_lora,
         _add_convert,
+        _add_convert_lora,
         _add_verify,
         _add_fetch_adapters,
         _add_reference,

@@ -5,6 +5,10 @@ state dict under "model"), `train_config.json` and a `tokenizer/` directory hold
 byte-level BPE tokenizer trained here with the `tokenizers` library on a synthetic corpus.
 Same preset and seed, same bytes (for one torch version).
 
+`write_demo_adapter(base_dir, out, rank=..., targets=...)` writes a random LoRA adapter
+(`adapter.pt`, the training framework's format) for a converted model: tests, the load test
+and demos make adapters of any rank and targets with it (`ministream demo-lora`).
+
 Weights are random but scaled so that logits are well separated (greedy decoding is then a
 stable test signal in bfloat16 too): linear layers ~ N(0, 1/fan_in), embeddings with RMS
 3/sqrt(d_model), norm weights around 1.
@@ -17,8 +21,9 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -243,5 +248,82 @@ def write_demo_checkpoint(
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def random_adapter(
+    cfg: TrainConfig,
+    *,
+    rank: int,
+    targets: Sequence[str],
+    alpha: float | None = None,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    strength: float = 0.5,
+    base_model_hash: str | None = None,
+) -> dict[str, Any]:
+    """A random LoRA adapter in the training framework's format (docs/plugin.md, LoRA).
+
+    Scaled so that `(alpha / rank) · B @ A` has entries about `strength` times those of the
+    base matrices (~1/sqrt(in_features), `random_state_dict`): the adapter visibly changes
+    greedy outputs, which is what a test of "this request got that adapter" needs."""
+    from ministream.names import LORA_TARGETS, lora_targets
+
+    unknown = sorted(set(targets) - set(LORA_TARGETS))
+    if unknown or not targets:
+        raise ValueError(
+            f"targets must be a non-empty subset of {', '.join(LORA_TARGETS)}; got {list(targets)}"
+        )
+    alpha = float(rank if alpha is None else alpha)
+    gen = torch.Generator().manual_seed(seed)
+    lora: dict[str, torch.Tensor] = {}
+    for (layer, target), info in lora_targets(cfg).items():
+        if target not in targets or (layers is not None and layer not in layers):
+            continue
+        out_features, in_features = info.shape
+        prefix = f"blocks.{layer}.{target}"
+        lora[f"{prefix}.lora_A"] = torch.randn(rank, in_features, generator=gen) / in_features**0.5
+        lora[f"{prefix}.lora_B"] = (
+            torch.randn(out_features, rank, generator=gen) * strength * (rank / alpha) / rank**0.5
+        )
+    adapter: dict[str, Any] = {
+        "lora_config": {"r": rank, "alpha": alpha, "targets": list(targets)},
+        "lora": lora,
+    }
+    if base_model_hash is not None:
+        adapter["base_model_hash"] = base_model_hash
+    return adapter
+
+
+def write_demo_adapter(
+    base: str | Path,
+    out: str | Path,
+    *,
+    rank: int,
+    targets: Sequence[str],
+    alpha: float | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a random `adapter.pt` for the converted model directory `base` (its shape from
+    config.json, `base_model_hash` from its manifest), atomically."""
+    from ministream.lora_convert import read_base
+
+    cfg, model_hash = read_base(base)
+    adapter = random_adapter(
+        cfg, rank=rank, targets=targets, alpha=alpha, seed=seed, base_model_hash=model_hash
+    )
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; remove it or choose another --output")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    try:
+        torch.save(adapter, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise
     return out

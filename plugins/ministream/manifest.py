@@ -85,6 +85,16 @@ class Manifest:
             for path in sorted(model_dir.rglob("*"))
             if path.is_file() and path.name != MANIFEST_NAME
         }
+        outside = sorted(
+            name
+            for name in files
+            if not (model_dir / name).resolve().is_relative_to(model_dir.resolve())
+        )
+        if outside:
+            raise CheckpointError(
+                f"{model_dir}: {', '.join(outside)} link(s) outside the directory; refusing "
+                "to record a file from elsewhere in the manifest"
+            )
         return cls(files=files, source=source, converter_version=converter_version(), dtype=dtype)
 
     @classmethod
@@ -127,9 +137,14 @@ def verify_dir(model_dir: str | Path) -> Manifest:
     model_dir = Path(model_dir)
     manifest = Manifest.load(model_dir)
     problems = []
+    root = model_dir.resolve()
     for name, meta in sorted(manifest.files.items()):
         path = model_dir / name
-        if not path.is_file():
+        if not path.resolve().is_relative_to(root):
+            # A link out of the directory: verify would hash, and upload send, a file from
+            # elsewhere on this machine (an adapter directory handed in by someone else).
+            problems.append(f"{name}: a link to {path.resolve()}, outside the directory")
+        elif not path.is_file():
             problems.append(f"{name}: missing")
         elif path.stat().st_size != meta["size"]:
             problems.append(f"{name}: size {path.stat().st_size} != {meta['size']}")

@@ -122,3 +122,35 @@ def raw_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
 
 def hf_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
     return {s.hf: s.shape for _, _, slices in conversion_plan(cfg) for s in slices}
+
+
+# LoRA adapters of the training framework adapt these raw matrices (docs/plugin.md, LoRA):
+# `blocks.{i}.{target}.weight`. Their HF modules and row blocks are the conversion plan's.
+LORA_TARGETS: tuple[str, ...] = ("attn.Wqkv", "attn.out_proj", "mlp.w12", "mlp.w3")
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One adaptable raw matrix of one layer: its shape and the HF modules its rows become
+    (`slices[k].hf` without `.weight` is the module a PEFT adapter names)."""
+
+    raw: str
+    shape: tuple[int, int]  # (out_features, in_features) of the raw fused matrix
+    slices: tuple[Slice, ...]
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(s.hf.removesuffix(".weight") for s in self.slices)
+
+
+def lora_targets(cfg: TrainConfig) -> dict[tuple[int, str], LoraTarget]:
+    """(layer, target) → its LoraTarget, for every layer and every name in LORA_TARGETS."""
+    plan = {raw: (shape, slices) for raw, shape, slices in conversion_plan(cfg)}
+    out = {}
+    for layer in range(cfg.n_layers):
+        for target in LORA_TARGETS:
+            raw = f"blocks.{layer}.{target}.weight"
+            shape, slices = plan[raw]
+            assert len(shape) == 2, raw
+            out[(layer, target)] = LoraTarget(raw, (shape[0], shape[1]), tuple(slices))
+    return out

@@ -137,6 +137,27 @@ class TrainConfig:
             del out["rope_scaling"]
         return out
 
+    @classmethod
+    def from_hf(cls, hf: Any) -> TrainConfig:
+        """The inverse of `to_hf`: a converted directory's config.json read back as the
+        training framework's shape (adapters for it are checked against that)."""
+        return cls(
+            d_model=hf.hidden_size,
+            n_layers=hf.num_hidden_layers,
+            n_heads=hf.num_attention_heads,
+            n_kv_heads=hf.num_key_value_heads,
+            head_dim=hf.head_dim,
+            d_ff=hf.intermediate_size,
+            vocab_size=hf.vocab_size,
+            max_seq_len=hf.max_position_embeddings,
+            norm_eps=hf.rms_norm_eps,
+            rope_theta=hf.rope_theta,
+            tie_embeddings=hf.tie_word_embeddings,
+            bos_id=hf.bos_token_id,
+            eos_id=hf.eos_token_id,
+            rope_scaling=hf.rope_scaling,
+        )
+
     def to_hf(self, torch_dtype: str = "bfloat16") -> MiniStreamConfig:
         from ministream.config import MiniStreamConfig
 

@@ -142,7 +142,9 @@ def _transfer(
     # config.json goes after everything else (then the manifest): a prefix cut short is not
     # even loadable as a model, and the window in which all files but the manifest exist
     # (refused by the load guard) is as short as possible.
-    phases = [[n for n in names if n != "config.json"], [n for n in names if n == "config.json"]]
+    # An adapter directory's adapter_config.json likewise (vLLM reads it first).
+    last = ("config.json", "adapter_config.json")
+    phases = [[n for n in names if n not in last], [n for n in names if n in last]]
     try:
         with storage_errors(url, "uploading to"):
             for phase in phases:

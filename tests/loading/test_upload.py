@@ -25,6 +25,7 @@ from ministream.upload import upload
 from ministream_testkit.s3_server import S3Server
 from ministream_testkit.waiting import wait_until
 from tests.loading.conftest import BUCKET, run_cli
+from tests.support.models import ModelFactory
 
 # Every test talks to a moto S3 server process on loopback.
 pytestmark = pytest.mark.network
@@ -196,3 +197,15 @@ def test_storage_errors_are_one_line_and_name_the_cause(
     )
     assert proc.returncode == 2
     assert "cannot reach http://127.0.0.1:9" in proc.stderr
+
+
+def test_an_adapter_directory_uploads_with_its_config_and_manifest_last(
+    aws: dict[str, str], s3: S3Server, model_dir: Path, models: ModelFactory
+) -> None:
+    """`ministream upload` takes a converted LoRA adapter as it takes a model: verified
+    first, adapter_config.json (what vLLM reads first) and then the manifest written last."""
+    _, adapter = models.adapter(model_dir, rank=2, targets=("attn.Wqkv",))
+    before = len(s3.requests())
+    result = upload(adapter, f"s3://{BUCKET}/up-adapter", progress=False)
+    assert sorted(result.uploaded) == sorted(Manifest.load(adapter).files)
+    assert _puts(s3, "up-adapter", before)[-2:] == ["adapter_config.json", MANIFEST_NAME]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ministream.convert import convert
-from ministream.demo import write_demo_checkpoint
+from ministream.demo import write_demo_adapter, write_demo_checkpoint
+from ministream.lora_convert import convert_lora
 
 # Small enough that the tiny preset in float32 takes three safetensors files: the loading
 # tests delete the one "in the middle" of an upload.
@@ -42,3 +43,15 @@ class ModelFactory:
                 progress=False,
             )
         return path
+
+    def adapter(
+        self, base: Path, *, rank: int, targets: tuple[str, ...], seed: int = 0
+    ) -> tuple[Path, Path]:
+        """A random adapter for the converted model `base`: (adapter.pt, converted dir)."""
+        name = f"{base.name}-lora-r{rank}-{'-'.join(targets)}-seed{seed}"
+        raw = self.root / "adapters" / f"{name}.pt"
+        converted = self.root / "adapters" / name
+        if not converted.exists():
+            write_demo_adapter(base, raw, rank=rank, targets=targets, seed=seed)
+            convert_lora(raw, base, converted, progress=False)
+        return raw, converted
