@@ -13,6 +13,10 @@ model (the engine core is forked from the API server).
 It also registers the load guard (`ministream.load_guard.EngineStartCheck`) as the
 architecture's config check, so that a bad model location fails in the API server before
 vLLM starts its engine core.
+
+On vLLM's CPU build it points LoRA at `ministream.lora_punica`'s wrapper, which serves
+requests without an adapter as the base model also when every adapter slot is in use
+(vllm#48421; docs/plugin.md, "The full-slots guard").
 """
 
 ARCHITECTURE = "MiniStreamForCausalLM"
@@ -46,3 +50,7 @@ def register() -> None:
     from ministream.load_guard import EngineStartCheck
 
     MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, EngineStartCheck)
+
+    from ministream.lora_punica import install
+
+    install()

@@ -43,7 +43,7 @@ from vllm.model_executor.model_loader.weight_utils import (
     default_weight_loader,
     maybe_remap_kv_scale_name,
 )
-from vllm.model_executor.models.interfaces import SupportsPP, SupportsQuant
+from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP, SupportsQuant
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
     is_pp_missing_parameter,
@@ -245,10 +245,17 @@ class MiniStreamModel(nn.Module):
         return hidden_states
 
 
-class MiniStreamForCausalLM(nn.Module, SupportsPP, SupportsQuant):
+class MiniStreamForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsQuant):
+    # LoRA (and quantization) find the fused layers' parts by these names: an adapter's
+    # q_proj/k_proj/v_proj LoRAs are packed into qkv_proj, gate_proj/up_proj into
+    # gate_up_proj (`ministream convert-lora` writes them so; docs/plugin.md).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    embedding_modules: ClassVar[dict[str, str]] = {
+        "embed_tokens": "input_embeddings",
+        "lm_head": "output_embeddings",
     }
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:

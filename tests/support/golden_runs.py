@@ -41,15 +41,6 @@ def run_golden(
     """Eager unless `pp > 1`: vLLM 0.32's CPU runner serves pipeline stages only on the
     compiled path (with enforce_eager its PP worker dies on an assertion, built-in Llama
     too)."""
-    full = {
-        **os.environ,
-        **IN_PROCESS_ENGINE,
-        **cpu_memory.pinned(),  # next to the tests' other engines
-        "VLLM_NO_USAGE_STATS": "1",
-        **(env or {}),
-    }
-    if tp * pp > 1:
-        full["VLLM_CPU_OMP_THREADS_BIND"] = rank_binding(tp * pp)
     proc = subprocess.run(
         [
             sys.executable,
@@ -73,12 +64,62 @@ def run_golden(
         ],
         capture_output=True,
         text=True,
-        env=full,
+        env=engine_env(tp * pp, env),
         timeout=1800,
         check=False,
     )
     if check and proc.returncode != 0:
-        pytest.fail(
-            f"vLLM run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
+        fail(proc)
     return proc
+
+
+def engine_env(world: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of one offline engine run of `world` ranks on this machine."""
+    full = {
+        **os.environ,
+        **IN_PROCESS_ENGINE,
+        **cpu_memory.pinned(),  # next to the tests' other engines
+        "VLLM_NO_USAGE_STATS": "1",
+        **(env or {}),
+    }
+    if world > 1:
+        full["VLLM_CPU_OMP_THREADS_BIND"] = rank_binding(world)
+    return full
+
+
+def fail(proc: subprocess.CompletedProcess[str]) -> None:
+    pytest.fail(
+        f"vLLM run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+
+
+def run_lora_golden(
+    model: Path, adapters: Mapping[str, Path], out: Path, *, tp: int = 1, max_lora_rank: int = 16
+) -> None:
+    """`python -m ministream_reference.lora`: every prompt without and with each adapter in
+    one engine, with as many adapter slots as adapters (every slot in use)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ministream_reference.lora",
+            "--model",
+            str(model),
+            *(arg for name, path in adapters.items() for arg in ("--adapter", f"{name}={path}")),
+            "--out",
+            str(out),
+            "--tp",
+            str(tp),
+            "--max-lora-rank",
+            str(max_lora_rank),
+            "--max-tokens",
+            str(MAX_TOKENS),
+        ],
+        capture_output=True,
+        text=True,
+        env=engine_env(tp),
+        timeout=1800,
+        check=False,
+    )
+    if proc.returncode != 0:
+        fail(proc)
