@@ -10,16 +10,16 @@ still succeeds, and the good ones are admitted whole.
 from __future__ import annotations
 
 import json
-import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from ministream.adapter_fetch import REFUSED_DIR, AdapterSpec, fetch_all
 from ministream.manifest import MANIFEST_NAME, Manifest, verify_dir
 from tests.loading.conftest import BUCKET, run_cli
+from tests.support.hostile_adapters import resealed, weights_file, with_nan
 from tests.support.models import ModelFactory
 
 RANK = 8
@@ -36,28 +36,6 @@ def base_hash(tiny_model_dir: Path) -> str:
     return Manifest.load(tiny_model_dir).model_hash
 
 
-def _resealed(src: Path, dest: Path, edit: object) -> Path:
-    """A copy of `src` changed by `edit(dir)`, with a fresh manifest over the changed files."""
-    shutil.copytree(src, dest)
-    edit(dest)  # type: ignore[operator]
-    old = Manifest.load(dest)
-    fresh = Manifest.build(dest, source=old.source, dtype=old.dtype)
-    (dest / MANIFEST_NAME).write_text(fresh.to_json())
-    verify_dir(dest)
-    return dest
-
-
-def _weights(d: Path) -> Path:
-    return next(d.glob("*.safetensors"))
-
-
-def _nan(d: Path) -> None:
-    tensors = load_file(str(_weights(d)))
-    key = sorted(tensors)[0]
-    tensors[key][0, 0] = math.nan
-    save_file(tensors, str(_weights(d)), metadata={"format": "pt"})
-
-
 def _unknown_target(d: Path) -> None:
     config = json.loads((d / "adapter_config.json").read_text())
     config["target_modules"] = [*config["target_modules"], "lm_head"]
@@ -71,16 +49,16 @@ def _other_base(d: Path) -> None:
 
 
 HOSTILE = {
-    "nan": (_nan, ["NaN or Inf"]),
+    "nan": (with_nan, ["NaN or Inf"]),
     "unknown-target": (_unknown_target, ["unknown target modules lm_head"]),
 }
 
 
 @pytest.mark.parametrize(("edit", "words"), HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_adapter_is_refused_by_name_and_the_good_one_admitted(
-    tmp_path: Path, adapter: Path, base_hash: str, edit: object, words: list[str]
+    tmp_path: Path, adapter: Path, base_hash: str, edit: Callable[[Path], None], words: list[str]
 ) -> None:
-    bad = _resealed(adapter, tmp_path / "bad", edit)
+    bad = resealed(adapter, tmp_path / "bad", edit)
     out = tmp_path / "out"
     results = fetch_all(
         [AdapterSpec("good", str(adapter)), AdapterSpec("bad", str(bad))],
@@ -116,7 +94,7 @@ def test_tampered_file_and_link_out_of_the_directory_are_refused(
 ) -> None:
     tampered = tmp_path / "tampered"
     shutil.copytree(adapter, tampered)
-    with _weights(tampered).open("r+b") as fh:
+    with weights_file(tampered).open("r+b") as fh:
         fh.seek(-4, 2)
         fh.write(b"\0\0\0\0")
     linked = tmp_path / "linked"
@@ -147,7 +125,7 @@ def test_cli_fetches_from_s3_and_a_directory_and_survives_a_refusal(
     from a directory, one for another base; exit 0, the refusal named on stderr."""
     url = f"s3://{BUCKET}/adapters/support"
     run_cli("upload", str(adapter), url, "--quiet", env=s3_env)
-    other = _resealed(adapter, tmp_path / "other", _other_base)
+    other = resealed(adapter, tmp_path / "other", _other_base)
     out = tmp_path / "adapters"
     proc = run_cli(
         "fetch-adapters",
