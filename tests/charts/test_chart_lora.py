@@ -134,6 +134,10 @@ BAD: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "relative-uri": ({"lora": {"adapters": [{"name": "x", "uri": "adapters/x"}]}}, ["uri"]),
     "lora-flag-by-hand": ({"vllm": {"extraArgs": ["--max-loras=1"]}}, ["extraArgs"]),
+    "multi-node": (
+        {"accelerator": {"type": "gpu"}, "parallelism": {"tensor": 8, "pipeline": 2}},
+        ["multi-node replica"],
+    ),
 }
 
 

@@ -38,6 +38,9 @@ adapters right, so a value without it is refused.
 
 {{- define "ministream.loraArgs" -}}
 {{- $l := .Values.lora -}}
+{{- if include "ministream.isMultiNode" . -}}
+{{- fail "lora.enabled with a multi-node replica: the adapters are fetched into the leader pod only, and vLLM's ranks on the other pods read them from the same path. Serve adapters on one-node replicas (parallelism within accelerator.perNode)" -}}
+{{- end -}}
 {{- $maxLoras := include "ministream.loraMaxLoras" . | int -}}
 {{- $names := list -}}
 {{- range $l.adapters -}}

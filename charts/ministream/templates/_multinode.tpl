@@ -114,7 +114,7 @@ VLLM_CPU_KVCACHE_SPACE or vllm.gpuMemoryUtilization does (vLLM's own 0.92 of the
 limit refuses to start once the page cache holds 8 % of it), then execs the same server.
 */}}
 {{/*
-The CPU build and every pod with LoRA adapters start vLLM through ministream_sidecar.serve_vllm
+The CPU build and every one-node pod with LoRA adapters start vLLM through ministream_sidecar.serve_vllm
 (KV cache sizing on CPU; adapters the fetch step refused left out of --lora-modules).
 */}}
 {{- define "ministream.vllmModule" -}}
