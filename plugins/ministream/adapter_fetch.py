@@ -10,7 +10,8 @@ directory next to its destination and checked there:
   served model's hash (`MINISTREAM_MODEL_HASH`, the chart's `model.hash`);
 - `adapter_config.json`: a rank within `--max-rank` (vLLM's `--max-lora-rank`) and only
   target modules the MiniStream model has;
-- every tensor finite (no NaN or Inf).
+- every tensor finite (no NaN or Inf) and no value or `lora_alpha / r` scale above the
+  converter's bound (`lora_convert.MAX_ABS_VALUE`).
 
 An admitted adapter is renamed into `<output-dir>/<name>` (atomic: vLLM never sees half an
 adapter). A refused one is not written; the reason goes to `<output-dir>/.refused/<name>`
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from ministream import s3
 from ministream.errors import CheckpointError
+from ministream.lora_convert import MAX_ABS_VALUE
 from ministream.manifest import MANIFEST_NAME, verify_dir
 from ministream.names import RULES
 
@@ -117,22 +119,32 @@ def check_adapter(path: Path, *, max_rank: int, base_model_hash: str | None) -> 
             f"unknown target modules {', '.join(map(str, unknown))} "
             f"(MiniStream has {', '.join(sorted(adapter_modules()))})"
         )
-    problems += _non_finite(path)
+    alpha = config.get("lora_alpha")
+    scaled = isinstance(rank, int) and rank > 0 and isinstance(alpha, (int, float))
+    if scaled and abs(alpha) / rank > MAX_ABS_VALUE:
+        problems.append(f"scale lora_alpha / r = {alpha / rank:g} above {MAX_ABS_VALUE:g}")
+    problems += _bad_values(path)
     if problems:
         raise CheckpointError("; ".join(problems))
 
 
-def _non_finite(path: Path) -> list[str]:
+def _bad_values(path: Path) -> list[str]:
     import torch
     from safetensors import safe_open
 
-    bad = []
+    non_finite, huge = [], []
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if not torch.isfinite(fh.get_tensor(key)).all():
-                    bad.append(key)
-    return [f"NaN or Inf values in {', '.join(bad)}"] if bad else []
+                tensor = fh.get_tensor(key)
+                if not torch.isfinite(tensor).all():
+                    non_finite.append(key)
+                elif tensor.numel() and tensor.abs().max().item() > MAX_ABS_VALUE:
+                    huge.append(key)
+    problems = [f"NaN or Inf values in {', '.join(non_finite)}"] if non_finite else []
+    if huge:
+        problems.append(f"values above {MAX_ABS_VALUE:g} in {', '.join(huge)}")
+    return problems
 
 
 def fetch_one(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from ministream.adapter_fetch import REFUSED_DIR, AdapterSpec, fetch_all
 from ministream.manifest import MANIFEST_NAME, Manifest, verify_dir
@@ -48,8 +49,16 @@ def _other_base(d: Path) -> None:
     (d / MANIFEST_NAME).write_text(json.dumps(raw))
 
 
+def _huge(d: Path) -> None:
+    tensors = load_file(str(weights_file(d)))
+    key = sorted(tensors)[0]
+    tensors[key][0, 0] = 1e6
+    save_file(tensors, str(weights_file(d)), metadata={"format": "pt"})
+
+
 HOSTILE = {
     "nan": (with_nan, ["NaN or Inf"]),
+    "huge": (_huge, ["values above 1000"]),
     "unknown-target": (_unknown_target, ["unknown target modules lm_head"]),
 }
 

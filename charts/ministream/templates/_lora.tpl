@@ -99,7 +99,7 @@ adapters right, so a value without it is refused.
 
 {{/*
 Copies and verifies the adapters before vLLM starts: manifest, base model hash, rank, target
-modules, finite values. A refused adapter is logged and left out; the pod serves the rest.
+modules, finite and bounded values. A refused adapter is logged and left out; the pod serves the rest.
 */}}
 {{- define "ministream.fetchAdaptersInitContainer" -}}
 - name: fetch-adapters
