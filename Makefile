@@ -15,7 +15,7 @@ SIDECAR_PORT ?= 8081
 # (docs/sidecar.md); the benchmarks below pin theirs (GiB) so that their results compare.
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-overload soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-overload bench-lora-mix soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -123,6 +123,19 @@ bench-bad-release: setup-test $(TINY_MODEL)/ministream_manifest.json $(TINY_TP2)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest bad-release --replicas 2 --rate 4 \
 	  --model $(TINY_MODEL) --served-model-name ministream-tiny --shards $(TINY_TP2) \
 	  $(BAD_RELEASE_CHART) --output $(ART)/bench-serve/bad-release.json $(ROLLOUT_VLLM)
+
+LORA_ADAPTERS := $(ART)/adapters/ministream-tiny
+$(LORA_ADAPTERS)/%/ministream_manifest.json: $(TINY_MODEL)/ministream_manifest.json
+	$(VENV)/bin/ministream demo-lora --base $(TINY_MODEL) --output $(LORA_ADAPTERS)/$*.pt \
+	  --rank $(if $(filter support,$*),8,4) --seed $(if $(filter support,$*),0,1)
+	$(VENV)/bin/ministream convert-lora --adapter $(LORA_ADAPTERS)/$*.pt --base $(TINY_MODEL) \
+	  --output $(LORA_ADAPTERS)/$* --force --quiet
+
+bench-lora-mix: setup-test $(LORA_ADAPTERS)/support/ministream_manifest.json $(LORA_ADAPTERS)/legal/ministream_manifest.json  ## SLO report per adapter: the tiny model + 2 LoRA adapters, base and both at once (~10 min)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest run --serve $(TINY_MODEL) \
+	  --model ministream-tiny --scenario adapter-mix --output-dir $(ART)/bench-lora-mix \
+	  -- --dtype float32 --max-model-len 512 --enforce-eager --enable-lora --max-loras 3 \
+	  --max-lora-rank 8 --lora-modules support=$(LORA_ADAPTERS)/support legal=$(LORA_ADAPTERS)/legal
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -63,6 +63,8 @@ class AlertParams:
     # Keep it near the chart's progressDeadlineSeconds: the startup budget + 10 min (920 s at
     # the chart's defaults).
     rollout_stall_budget: str = "15m"
+    # How long a configured LoRA adapter may be missing before MiniStreamLoraAdapterNotLoaded.
+    lora_not_loaded_for: str = "1m"
     # Where the runbooks live; each alert links to <base>#<alert name in lower case>.
     runbook_base_url: str = "docs/observability.md"
 
@@ -163,6 +165,7 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
     waiting_trend = agg("sum", per_engine, f"deriv({sel(m.WAITING, t)}[{p.queue_trend_window}])")
     preemptions = agg("sum", per_engine, rate(m.PREEMPTIONS, t, "5m"))
     errors = p.error_ratio_threshold
+    adapter_loaded = agg("min", ("namespace", "pod", "adapter"), sel(m.LORA_ADAPTER_LOADED, t))
     drain_timeouts = agg("sum", per_pod, increase(m.DRAINS, t, "30m", eq("outcome", "timeout")))
     # `for:` on the instant gauge, not min_over_time(): a pod that finished draining and went
     # away leaves only draining=1 samples in any window, but its series turns stale at once.
@@ -239,6 +242,20 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             f"A warmup run in {where} used up all its attempts in the last {p.warmup_window}: "
             "the pod stays unready. vLLM answers /health but cannot complete requests.",
             "Read the sidecar's warmup log lines (last_error) and send one completion by hand.",
+        ),
+        Alert(
+            "MiniStreamLoraAdapterNotLoaded",
+            fleet,
+            f"{adapter_loaded} == 0",
+            p.lora_not_loaded_for,
+            "warning",
+            "LoRA adapter {{ $labels.adapter }} is not served by " + where,
+            "vLLM in " + where + " does not serve the configured LoRA adapter "
+            "{{ $labels.adapter }}: the fetch-adapters init container refused it (manifest, "
+            "base model, rank, targets or values) or could not load it. Requests naming it "
+            "get 404; the base model and the other adapters are served.",
+            "Read the reason in the fetch-adapters container's log (kubectl logs POD -c "
+            "fetch-adapters), fix or re-convert the adapter, then restart the pod.",
         ),
         Alert(
             "MiniStreamTTFTAboveSLO",

@@ -89,6 +89,15 @@ REQUEST_SUCCESS = _vllm(
     "Finished requests by `finished_reason` (stop, length, abort, error, repetition).",
 )
 # --- vLLM (HTTP server) -----------------------------------------------------------------------
+# Only with --enable-lora (chart: lora.enabled). An info gauge: its value is the time of the
+# last scheduler step, its labels the adapters then running and waiting (comma-joined) and
+# max_lora. vLLM 0.32 has no per-adapter request or latency series: every request metric
+# carries the base model's model_name, whichever adapter served it.
+LORA_INFO = _vllm(
+    "vllm:lora_requests_info",
+    G,
+    "LoRA adapters running and waiting (labels running_lora_adapters, waiting_lora_adapters).",
+)
 HTTP_REQUESTS = _vllm(
     "http_requests_total", C, "HTTP requests of vLLM's API server by handler and status class."
 )
@@ -124,6 +133,12 @@ UPSTREAM_BUSY = _sidecar(
 )
 INFO = _sidecar(
     "ministream_info", G, "Constant 1: model, revision, load_format, tensor_parallel_size."
+)
+
+LORA_ADAPTER_LOADED = _sidecar(
+    "ministream_lora_adapter_loaded",
+    G,
+    "Per configured LoRA adapter (`adapter`): 1 served and warmed, 0 not served by vLLM.",
 )
 
 # --- cluster-only (kube-state-metrics) --------------------------------------------------------
@@ -168,6 +183,11 @@ ALL: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstanc
 # in a cluster, never next to a local vLLM.
 CLUSTER_ONLY: frozenset[str] = frozenset(
     n for m in ALL if m.source is Source.CLUSTER for n in m.series_names
+)
+
+# Names only a pod serving LoRA adapters exports (tests/observability/test_lora_live.py).
+LORA_ONLY: frozenset[str] = frozenset(
+    n for m in (LORA_INFO, LORA_ADAPTER_LOADED) for n in m.series_names
 )
 
 KNOWN_SERIES: frozenset[str] = frozenset(n for m in ALL for n in m.series_names)

@@ -202,6 +202,43 @@ def _serving_per_pod(params: AlertParams) -> Row:
     )
 
 
+def _serving_lora() -> Row:
+    # vllm:lora_requests_info keeps every label set it ever had, each valued at the time it
+    # was last current: the series with the newest value per pod is the set running now.
+    per_pod = ("namespace", "pod")
+    info = sel(m.LORA_INFO, POD)
+    newest = f"{info}\n== on (namespace, pod) group_left\n{agg('max', per_pod, info)}"
+    return Row(
+        "LoRA adapters (pods with lora.enabled)",
+        (
+            Panel(
+                "Adapters served",
+                "Per configured adapter, from the sidecar: 1 served by vLLM and warmed, 0 "
+                "refused by the fetch-adapters init container (MiniStreamLoraAdapterNotLoaded).",
+                (Target(agg("min", ("adapter",), sel(m.LORA_ADAPTER_LOADED, POD)), "{{adapter}}"),),
+            ),
+            Panel(
+                "Adapters in the running batch",
+                "vLLM's vllm:lora_requests_info: one line per set of adapters running (and "
+                "waiting) in a pod's batch. vLLM 0.32 counts requests and latency per served "
+                "model only, not per adapter: per-adapter latency is in the load test's SLO "
+                "report (docs/loadtest.md).",
+                (
+                    Target(
+                        agg(
+                            "count",
+                            ("pod", "running_lora_adapters", "waiting_lora_adapters"),
+                            newest,
+                        ),
+                        "{{pod}} running [{{running_lora_adapters}}] waiting "
+                        "[{{waiting_lora_adapters}}]",
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
 def serving(params: AlertParams) -> Dashboard:
     latency = _serving_latency(params)
     throughput = _serving_throughput(params)
@@ -226,7 +263,7 @@ def serving(params: AlertParams) -> Dashboard:
                 f'label_values({m.RUNNING}{{namespace=~"$namespace", model_name=~"$model"}}, pod)',
             ),
         ),
-        rows=(latency, throughput, saturation, per_pod),
+        rows=(latency, throughput, saturation, per_pod, _serving_lora()),
         links=LINKS,
     )
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from . import pod_run
 from .chart_pod import ChartError
-from .engine import MAIN_RUN_MARKER, Slo, run_engine
+from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
 from .kube_play import KubePlayError
 from .reports import write_json
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
@@ -429,6 +429,11 @@ def _run_scenarios(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
     (out / "raw").mkdir(parents=True, exist_ok=True)
     reports, missed = [], 0
     for j, sc in enumerate(scenarios):
+        if sc.mix:
+            points = _run_mix(args, sc, model, tokenizer, out, seed=args.seed + 100_000 * j)
+            missed += sum(p["goodput"]["passed"] is False for p in points)
+            reports.append(scenario_report(sc, points))
+            continue
         tags = [f"{sc.name}-{sc.sweep.mode}{value:g}" for value in sc.sweep.values]
         # A seed per point and scenario: vLLM caches prefixes, so a point that replayed earlier
         # prompts would measure cache hits (measured: 10x lower TTFT), not prefill.
@@ -477,11 +482,42 @@ def _run_scenarios(args: argparse.Namespace, scenarios: list[Scenario]) -> int:
         reports, base_url=args.base_url, model=model, command=["ministream-loadtest", *sys.argv[1:]]
     )
     full["plots"] = [
-        str(plot_scenario(s, out / f"{s['name']}.png").relative_to(out)) for s in reports
+        str(plot_scenario(s, out / f"{s['name']}.png").relative_to(out))
+        for s in reports
+        if not any("model" in p for p in s["points"])  # a mix reports per model, not per load
     ]
     write_json(out / "report.json", full)
     print(f"report: {out / 'report.json'}", flush=True)
     return 1 if args.fail_on_slo and missed else 0
+
+
+def _run_mix(
+    args: argparse.Namespace, sc: Scenario, model: str, tokenizer: str, out: Path, *, seed: int
+) -> list[dict[str, Any]]:
+    """A mixed scenario: per sweep point one engine per model at once; one point per model."""
+    from .slo import point_report
+
+    points = []
+    for i, value in enumerate(sc.sweep.values):
+        tag = f"{sc.name}-{sc.sweep.mode}{value:g}"
+        parts = sc.mix_specs(
+            value, base_url=args.base_url, model=model, tokenizer=tokenizer, seed=seed + 1000 * i
+        )
+        runs = [(spec, out / "raw" / f"{tag}-{name}.json") for name, spec in parts]
+        print(f"[{sc.name}] {tag}: {', '.join(n for n, _ in parts)} at once", file=sys.stderr)
+        results = run_engines_together(runs, out / "logs")
+        for (name, _), (_, raw), result in zip(parts, runs, results, strict=True):
+            point = point_report(result, scenario=sc, value=value, raw_file=raw, report_dir=out)
+            point = {"model": name, **point}
+            points.append(point)
+            print(
+                f"  {tag} {name}: failed {point['requests']['failed']}, p99 TTFT "
+                f"{point['ttft_ms']['p99']:.0f} ms, p99 E2E {point['e2el_ms']['p99']:.0f} ms, "
+                f"SLO attainment {point['goodput']['attainment']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return points
 
 
 # --- rollout --------------------------------------------------------------------------------

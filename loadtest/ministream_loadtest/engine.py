@@ -296,3 +296,19 @@ def run_engine(
         return engine.wait(timeout)
     finally:
         engine.kill()
+
+
+def run_engines_together(
+    runs: list[tuple[LoadSpec, Path]], log_dir: Path, *, timeout: float = 4 * 3600.0
+) -> list[dict[str, Any]]:
+    """One engine process per run, all started at once (an adapter mix: each model its own
+    request stream against the same server); the result JSON of each, in order. Each stream
+    begins when its process is ready, so the streams overlap for all but their first seconds."""
+    engines = [EngineProcess([run], log_dir / f"{run[1].stem}.log") for run in runs]
+    try:
+        for engine in engines:
+            engine.start()
+        return [engine.wait(timeout)[0] for engine in engines]
+    finally:
+        for engine in engines:
+            engine.kill()

@@ -22,6 +22,14 @@ A scenario file (all keys shown; `description`, `range_ratio`, `temperature` opt
       e2el_ms: 15000
       attainment: 0.95        # a sweep point passes when this share of sent requests is good
     temperature: 0
+    mix:                      # optional: an adapter mix, `model` of each request by share
+      base: 2                 # `base` is the served model; other keys are LoRA adapter names
+      support: 1
+      legal: 1
+
+With `mix`, each sweep point runs one engine per entry at the same time, each with its share
+of the requests and of the rate (Poisson streams add up to one at the whole rate) or
+concurrency, and the report has one entry per model: the SLO report per adapter.
 """
 
 from __future__ import annotations
@@ -52,7 +60,9 @@ _KEYS = {
     "sweep",
     "slo",
     "temperature",
+    "mix",
 }
+BASE_MODEL = "base"  # the served model's key in `mix`
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "e2el_ms", "attainment"}
 
 
@@ -76,6 +86,7 @@ class Scenario:
     temperature: float | None = 0.0
     description: str = ""
     path: str = ""
+    mix: tuple[tuple[str, float], ...] = ()  # (model, share), shares summing to 1
 
     @property
     def max_tokens_per_request(self) -> int:
@@ -126,6 +137,32 @@ class Scenario:
             request_id_prefix=f"{self.name}-{self.sweep.mode}{value:g}-",
             label=self.name,
         )
+
+    def mix_specs(
+        self, value: float, *, base_url: str, model: str, tokenizer: str, seed: int = 0
+    ) -> list[tuple[str, LoadSpec]]:
+        """One engine run per entry of `mix` for one sweep point: (model, spec)."""
+        whole = self.load_spec(value, base_url=base_url, model=model, tokenizer=tokenizer)
+        out = []
+        for k, (name, share) in enumerate(self.mix):
+            served = model if name == BASE_MODEL else name
+            out.append(
+                (
+                    served,
+                    replace(
+                        whole,
+                        model=served,
+                        num_prompts=max(1, round(self.requests * share)),
+                        request_rate=None if whole.request_rate is None else value * share,
+                        max_concurrency=None
+                        if whole.max_concurrency is None
+                        else max(1, round(value * share)),
+                        seed=seed + k,
+                        request_id_prefix=f"{whole.request_id_prefix}{name}-",
+                    ),
+                )
+            )
+        return out
 
 
 def _require(cond: bool, path: Traversable, message: str) -> None:
@@ -221,6 +258,17 @@ def load_scenario(path: Traversable) -> Scenario:
         path,
         "temperature must be a number",
     )
+    mix = data.get("mix") or {}
+    _require(
+        isinstance(mix, dict)
+        and all(isinstance(k, str) and k for k in mix)
+        and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in mix.values()
+        ),
+        path,
+        "mix must map model names (`base` for the served model) to positive weights",
+    )
+    total = float(sum(mix.values())) if mix else 1.0
     return Scenario(
         name=name,
         api=api,
@@ -234,6 +282,7 @@ def load_scenario(path: Traversable) -> Scenario:
         temperature=None if temperature is None else float(temperature),
         description=str(data.get("description", "")),
         path=str(path),
+        mix=tuple((str(k), float(v) / total) for k, v in mix.items()),
     )
 
 

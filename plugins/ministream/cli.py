@@ -102,6 +102,25 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch_adapters(args: argparse.Namespace) -> int:
+    import os
+
+    from ministream.adapter_fetch import MODEL_HASH_ENV, AdapterSpec, fetch_all
+
+    outcomes = fetch_all(
+        [AdapterSpec.parse(a) for a in args.adapter],
+        args.output_dir,
+        max_rank=args.max_rank,
+        base_model_hash=args.base_model_hash or os.environ.get(MODEL_HASH_ENV) or None,
+    )
+    for o in outcomes:
+        if o.path is None:
+            print(f"error: {o.reason}; serving without it", file=sys.stderr)
+        else:
+            print(f"adapter {o.name!r}: verified, at {o.path}")
+    return 0
+
+
 def _reference(args: argparse.Namespace) -> int:
     import json
 
@@ -344,6 +363,27 @@ def _add_verify(sub: Subparsers) -> None:
     p.set_defaults(handler=_verify)
 
 
+def _add_fetch_adapters(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "fetch-adapters",
+        help="copy LoRA adapters into a directory, admitting only verified ones (pod init step)",
+    )
+    p.add_argument(
+        "--adapter",
+        action="append",
+        required=True,
+        metavar="NAME=URI",
+        help="an adapter: s3://BUCKET/PREFIX or a directory (repeat for each)",
+    )
+    p.add_argument("--output-dir", required=True, type=Path)
+    p.add_argument("--max-rank", required=True, type=int, help="vLLM's --max-lora-rank")
+    p.add_argument(
+        "--base-model-hash",
+        help="hash of the served base (default: $MINISTREAM_MODEL_HASH; unset: not checked)",
+    )
+    p.set_defaults(handler=_fetch_adapters)
+
+
 def _add_reference(sub: Subparsers) -> None:
     p = sub.add_parser("reference", help="greedy tokens/logprobs from the reference model")
     p.add_argument("--model", required=True, type=Path)
@@ -414,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_convert,
         _add_convert_lora,
         _add_verify,
+        _add_fetch_adapters,
         _add_reference,
         _add_upload,
         _add_shard,

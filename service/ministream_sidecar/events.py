@@ -53,6 +53,7 @@ class EventReason(str, enum.Enum):
     DRAIN_STARTED = "DrainStarted"
     DRAIN_FINISHED = "DrainFinished"
     DRAIN_TIMED_OUT = "DrainTimedOut"
+    ADAPTER_NOT_LOADED = "LoraAdapterNotLoaded"
 
 
 class EventRecorder(Protocol):

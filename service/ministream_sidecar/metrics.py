@@ -120,6 +120,13 @@ class SidecarMetrics:
             list(INFO_LABELS),
             registry=r,
         )
+        self.lora_adapter_loaded = Gauge(
+            "ministream_lora_adapter_loaded",
+            "Per configured LoRA adapter: 1 when vLLM lists it and it answered warmup, 0 when "
+            "vLLM does not list it (refused when fetched or failed to load).",
+            ["adapter"],
+            registry=r,
+        )
         self.kubernetes_events = Counter(
             "ministream_kubernetes_events",
             "Kubernetes Events the sidecar tried to create, by outcome.",

@@ -7,10 +7,10 @@ the in-cluster marker ``KUBERNETES_SERVICE_HOST``, which keep their usual names.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .client import ENV_PREFIX
 
@@ -51,6 +51,13 @@ class SidecarSettings(BaseSettings):
     vllm_url: str = Field(default="http://127.0.0.1:8000", description="Base URL of `vllm serve`.")
     model_name: str = Field(
         default="", description="Served model name; empty: discovered through GET /v1/models."
+    )
+    lora_adapters: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="LoRA adapters vLLM was told to serve (comma-separated names; the chart "
+        "renders them from lora.adapters). Warmup sends each one it lists under /v1/models a "
+        "request before the pod turns ready; one it does not list (refused when fetched) "
+        "is reported as not loaded, and the pod serves the rest.",
     )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer sent to vLLM (its --api-key), if it has one."
@@ -169,6 +176,13 @@ class SidecarSettings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"vllm_url must start with http:// or https://, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
 
     @field_validator("token", "api_key", mode="before")
     @classmethod

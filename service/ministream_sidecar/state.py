@@ -68,6 +68,9 @@ class ServingState:
     warmup: WarmupState = WarmupState.PENDING
     draining: bool = False
     model: str = ""
+    # Configured LoRA adapters: warmed (vLLM lists them, warmup answered) and missing.
+    adapters_warmed: tuple[str, ...] = ()
+    adapters_missing: tuple[str, ...] = ()
 
     engine_ready_at: float | None = None
     warmup_done_at: float | None = None
@@ -164,6 +167,13 @@ class ServingState:
             seconds = phases.get(phase.value)
             if phase not in self.phases and phase not in _OWN_PHASES and seconds is not None:
                 self._record_phase(phase, seconds)
+
+    def record_adapters(self, warmed: tuple[str, ...], missing: tuple[str, ...]) -> None:
+        self.adapters_warmed, self.adapters_missing = warmed, missing
+        for name in warmed:
+            self.metrics.lora_adapter_loaded.labels(name).set(1)
+        for name in missing:
+            self.metrics.lora_adapter_loaded.labels(name).set(0)
 
     def start_drain(self) -> None:
         self.draining = True

@@ -3,9 +3,13 @@
 One *run* is up to WARMUP_MAX_ATTEMPTS *attempts*, with a doubling backoff between them;
 one attempt is WARMUP_REQUESTS completions, WARMUP_CONCURRENCY at a time, each with a
 WARMUP_PROMPT_TOKENS-long prompt and WARMUP_MAX_TOKENS generated tokens. An attempt
-succeeds only when every completion does. Runs are shared: concurrent callers of
-`WarmupRunner.run` (the automatic start and POST /warmup) wait on the same run, and once a
-run succeeded, further calls return its result without sending anything (idempotent).
+succeeds only when every completion does. With LoRA adapters (LORA_ADAPTERS) the
+completions go round-robin to the base model and every configured adapter vLLM lists under
+/v1/models, at least one each; an adapter it does not list (the fetch step refused it) is
+recorded as missing, not waited for: the pod serves the base model and the other adapters.
+Runs are shared: concurrent callers of `WarmupRunner.run` (the automatic start and POST
+/warmup) wait on the same run, and once a run succeeded, further calls return its result
+without sending anything (idempotent).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class WarmupResult:
     duration_seconds: float
     model: str
     last_error: str | None = None
+    adapters_warmed: tuple[str, ...] = ()
+    adapters_missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class _AttemptResult:
     succeeded: int
     failed: int
     first_error: str | None
+    warmed: tuple[str, ...] = ()  # adapters sent a request in this attempt
+    missing: tuple[str, ...] = ()
 
 
 def prompt_token_ids(seed: int, length: int) -> list[int]:
@@ -128,7 +136,7 @@ class WarmupRunner:
             except SidecarError as exc:
                 outcome = _AttemptResult(0, 0, exc.message)
             else:
-                outcome = await self._attempt(model, attempt)
+                outcome = await self._attempt_with_adapters(model, attempt)
             if outcome.failed == 0 and outcome.first_error is None:
                 return self._finish(True, attempt, outcome, started, model)
             log.warning(
@@ -149,7 +157,20 @@ class WarmupRunner:
                 )
         return self._finish(False, attempt, outcome, started, model)
 
-    async def _attempt(self, model: str, attempt: int) -> _AttemptResult:
+    async def _attempt_with_adapters(self, model: str, attempt: int) -> _AttemptResult:
+        configured = self._ctx.settings.lora_adapters
+        if not configured:
+            return await self._attempt([model], attempt)
+        try:
+            listed = {m.name for m in await self._ctx.client.served_models()}
+        except SidecarError as exc:
+            return _AttemptResult(0, 0, exc.message)
+        warmed = tuple(a for a in configured if a in listed)
+        missing = tuple(a for a in configured if a not in listed)
+        outcome = await self._attempt([model, *warmed], attempt)
+        return replace(outcome, warmed=warmed, missing=missing)
+
+    async def _attempt(self, models: list[str], attempt: int) -> _AttemptResult:
         s = self._ctx.settings
         gate = asyncio.Semaphore(s.warmup_concurrency)
         errors: list[str] = []
@@ -159,7 +180,7 @@ class WarmupRunner:
                 begun = time.monotonic()
                 try:
                     await self._ctx.client.complete(
-                        model=model,
+                        model=models[index % len(models)],
                         prompt_token_ids=prompt_token_ids(
                             (attempt - 1) * s.warmup_requests + index, s.warmup_prompt_tokens
                         ),
@@ -177,7 +198,8 @@ class WarmupRunner:
                 ).inc()
                 return ok
 
-        results = await asyncio.gather(*(one(i) for i in range(s.warmup_requests)))
+        count = max(s.warmup_requests, len(models))  # every adapter answers at least once
+        results = await asyncio.gather(*(one(i) for i in range(count)))
         succeeded = sum(results)
         return _AttemptResult(succeeded, len(results) - succeeded, errors[0] if errors else None)
 
@@ -193,8 +215,21 @@ class WarmupRunner:
             duration_seconds=round(time.monotonic() - started, 3),
             model=model,
             last_error=None if ok else outcome.first_error,
+            adapters_warmed=outcome.warmed,
+            adapters_missing=outcome.missing,
         )
         self._last = result
+        if ok:
+            self._ctx.state.record_adapters(outcome.warmed, outcome.missing)
+        if ok and outcome.missing:
+            log.error("LoRA adapters not loaded", extra={"adapters": list(outcome.missing)})
+            self._ctx.events.emit(
+                EventReason.ADAPTER_NOT_LOADED,
+                f"LoRA adapter(s) {', '.join(outcome.missing)} not served by vLLM (refused by "
+                "the fetch-adapters init container: its log says why); serving the base "
+                "model and the other adapters",
+                EventType.WARNING,
+            )
         self._ctx.metrics.warmup_runs.labels(
             (Outcome.SUCCESS if ok else Outcome.FAILURE).value
         ).inc()

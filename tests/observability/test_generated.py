@@ -242,6 +242,7 @@ def test_rule_file_is_plain_prometheus_format() -> None:
         "MiniStreamPodNotReady",
         "MiniStreamLoadingStuck",
         "MiniStreamWarmupFailing",
+        "MiniStreamLoraAdapterNotLoaded",
         "MiniStreamTTFTAboveSLO",
         "MiniStreamKVCacheNearlyFull",
         "MiniStreamQueueGrowing",

@@ -45,6 +45,11 @@
     - name: MINISTREAM_SIDECAR_TOKEN_REQUIRED
       value: "true"
     {{- end }}
+    {{- if include "ministream.loraEnabled" . }}
+    # Readiness waits for a warmup request to each of these (docs/sidecar.md, LoRA adapters).
+    - name: MINISTREAM_SIDECAR_LORA_ADAPTERS
+      value: {{ include "ministream.loraAdapterNames" . | quote }}
+    {{- end }}
     # /warmup and /drain answer loopback peers only unless this is true.
     - name: MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK
       value: {{ .Values.sidecar.control.fromNetwork | quote }}

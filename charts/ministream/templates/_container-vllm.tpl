@@ -31,6 +31,11 @@
           name: {{ .Values.sidecar.token.existingSecret | quote }}
           key: {{ .Values.sidecar.token.key | quote }}
     {{- end }}
+    {{- if and .Values.lora.enabled .Values.lora.dynamic.enabled }}
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter, behind the API key (schema).
+    - name: VLLM_ALLOW_RUNTIME_LORA_UPDATING
+      value: "True"
+    {{- end }}
     # The plugin stamps vLLM's start into it, for the sidecar's cold-start phases.
     - name: MINISTREAM_SIDECAR_STARTUP_LOG
       value: {{ $startupLog | quote }}
@@ -75,5 +80,10 @@
   volumeMounts:
     - name: startup-log
       mountPath: {{ $startupDir }}
+    {{- if include "ministream.loraEnabled" . }}
+    - name: adapters
+      mountPath: {{ include "ministream.loraAdapterDir" . }}
+      readOnly: true
+    {{- end }}
     {{- include "ministream.engineVolumeMounts" . | nindent 4 }}
 {{- end -}}

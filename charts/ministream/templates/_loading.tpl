@@ -14,7 +14,7 @@
 
 {{- define "ministream.hasS3Ca" -}}
 {{- $ca := .Values.loading.s3.caBundle -}}
-{{- if and (include "ministream.usesS3" .) (or $ca.configMapName $ca.secretName) -}}true{{- end -}}
+{{- if and (or (include "ministream.usesS3" .) (include "ministream.adaptersUseS3" .)) (or $ca.configMapName $ca.secretName) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "ministream.loadFormat" -}}

@@ -113,20 +113,24 @@ The CPU build: the CPU image's entrypoint, which sizes the KV cache to fit the p
 VLLM_CPU_KVCACHE_SPACE or vllm.gpuMemoryUtilization does (vLLM's own 0.92 of the memory
 limit refuses to start once the page cache holds 8 % of it), then execs the same server.
 */}}
+{{/*
+The CPU build and every one-node pod with LoRA adapters start vLLM through ministream_sidecar.serve_vllm
+(KV cache sizing on CPU; adapters the fetch step refused left out of --lora-modules).
+*/}}
+{{- define "ministream.vllmModule" -}}
+{{- ternary "ministream_sidecar.serve_vllm" "vllm.entrypoints.openai.api_server" (or (eq .Values.accelerator.type "cpu") (eq (include "ministream.loraEnabled" .) "true")) -}}
+{{- end -}}
+
 {{- define "ministream.vllmCommand" -}}
 {{- if include "ministream.isMultiNode" . -}}
 - sh
 - -c
-- {{ printf "ray start --head --port=%s %s --include-dashboard=false && exec python3 -m vllm.entrypoints.openai.api_server \"$@\"" (include "ministream.rayPort" .) (include "ministream.rayNodeOptions" .) | quote }}
+- {{ printf "ray start --head --port=%s %s --include-dashboard=false && exec python3 -m %s \"$@\"" (include "ministream.rayPort" .) (include "ministream.rayNodeOptions" .) (include "ministream.vllmModule" .) | quote }}
 - vllm
-{{- else if eq .Values.accelerator.type "cpu" -}}
-- python3
-- -m
-- ministream_sidecar.serve_vllm
 {{- else -}}
 - python3
 - -m
-- vllm.entrypoints.openai.api_server
+- {{ include "ministream.vllmModule" . }}
 {{- end -}}
 {{- end -}}
 

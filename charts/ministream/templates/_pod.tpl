@@ -71,6 +71,9 @@ spec:
     {{- if .Values.persistence.compileCache.seedArchive }}
     {{- include "ministream.compileCacheSeedInitContainer" . | nindent 4 }}
     {{- end }}
+    {{- if include "ministream.loraEnabled" . }}
+    {{- include "ministream.fetchAdaptersInitContainer" . | nindent 4 }}
+    {{- end }}
     {{- with .Values.initContainers }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -46,6 +46,9 @@
 - --max-num-queued-reqs
 - {{ int . | quote }}
 {{- end }}
+{{- if include "ministream.loraEnabled" . }}
+{{ include "ministream.loraArgs" . }}
+{{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}

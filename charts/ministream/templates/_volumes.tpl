@@ -28,6 +28,12 @@
   emptyDir:
     sizeLimit: 8Mi
 {{- end }}
+{{- if and (include "ministream.loraEnabled" .) (ne $role "worker") }}
+# Verified LoRA adapters (fetch-adapters init container), read-only to vLLM.
+- name: adapters
+  emptyDir:
+    sizeLimit: {{ .Values.lora.adapterVolumeSizeLimit | quote }}
+{{- end }}
 {{- if include "ministream.usesModelVolume" . }}
 {{- include "ministream.modelVolume" . | nindent 0 }}
 {{- end }}

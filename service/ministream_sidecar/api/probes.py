@@ -56,5 +56,7 @@ async def readyz(state: StateDep, client: ClientDep) -> JSONResponse:
         warmup=state.warmup,
         draining=state.draining,
         model=state.model,
+        adapters_warmed=list(state.adapters_warmed),
+        adapters_missing=list(state.adapters_missing),
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)

@@ -22,6 +22,14 @@ class Readiness(BaseModel):
     warmup: WarmupState
     draining: bool
     model: str
+    adapters_warmed: list[str] = Field(
+        default_factory=list, description="Configured LoRA adapters that answered warmup."
+    )
+    adapters_missing: list[str] = Field(
+        default_factory=list,
+        description="Configured LoRA adapters vLLM does not serve (refused when fetched); "
+        "the pod serves the base model and the other adapters without them.",
+    )
 
 
 class WarmupBody(BaseModel):
@@ -33,6 +41,8 @@ class WarmupBody(BaseModel):
     duration_seconds: float
     model: str
     last_error: str | None = None
+    adapters_warmed: list[str] = Field(default_factory=list)
+    adapters_missing: list[str] = Field(default_factory=list)
 
 
 class DrainBody(BaseModel):
