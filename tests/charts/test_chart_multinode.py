@@ -246,7 +246,10 @@ def test_every_loading_mode_reaches_every_rank(tmp_path: Path, loading: dict[str
 
 
 def test_service_monitors_and_pool_select_the_leaders_only(tmp_path: Path) -> None:
-    over = {"gateway": {"enabled": True, "endpointPicker": {"serviceName": "epp"}}}
+    over = {
+        "gateway": {"enabled": True, "endpointPicker": {"serviceName": "epp"}},
+        "networkPolicy": {"apiNamespaces": ["gateway"]},
+    }
     out = render(MULTI, write(tmp_path, over))
     leader = out.pod_template("leader")["metadata"]["labels"]
     worker = out.pod_template("worker")["metadata"]["labels"]
