@@ -58,6 +58,12 @@ app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/component: server
 {{- end -}}
 
+{{/* The chart's `helm test` pod (the NetworkPolicy lets it reach the API). */}}
+{{- define "ministream.testSelectorLabels" -}}
+{{ include "ministream.selectorLabels" . }}
+app.kubernetes.io/component: test
+{{- end -}}
+
 {{- define "ministream.labels" -}}
 helm.sh/chart: {{ include "ministream.chart" . }}
 {{ include "ministream.selectorLabels" . }}
