@@ -130,8 +130,8 @@ INFO = _sidecar(
 RESTARTS = Metric(
     "kube_pod_container_status_restarts_total", C, Source.CLUSTER, "Container restarts."
 )
-READY_REPLICAS = Metric(
-    "kube_deployment_status_replicas_ready", G, Source.CLUSTER, "Ready replicas of a Deployment."
+POD_READY = Metric(
+    "kube_pod_status_ready", G, Source.CLUSTER, "A pod's Ready condition (1 on its current one)."
 )
 
 ALL: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
