@@ -145,8 +145,8 @@ LORA_ADAPTER_LOADED = _sidecar(
 RESTARTS = Metric(
     "kube_pod_container_status_restarts_total", C, Source.CLUSTER, "Container restarts."
 )
-READY_REPLICAS = Metric(
-    "kube_deployment_status_replicas_ready", G, Source.CLUSTER, "Ready replicas of a Deployment."
+POD_READY = Metric(
+    "kube_pod_status_ready", G, Source.CLUSTER, "A pod's Ready condition (1 on its current one)."
 )
 # A rollout's progress, per workload kind: a Deployment's own verdict (Progressing=False once
 # progressDeadlineSeconds passed without progress), and a LeaderWorkerSet's leader StatefulSet

@@ -19,8 +19,11 @@ VLLM = 'namespace=~"$namespace", model_name=~"$model", pod=~"$pod"'
 POD = 'namespace=~"$namespace", pod=~"$pod"'  # series without a model label (HTTP, sidecar)
 NAMESPACE = 'namespace=~"$namespace"'
 V1_HANDLERS = 'handler=~"/v1/.+"'  # the OpenAI API, not /health or /metrics
-# Deployment pods are named <deployment>-<replicaset hash>-<pod hash>.
-POD_TO_DEPLOYMENT = '"deployment", "$1", "pod", "(.+)-[a-z0-9]+-[a-z0-9]+"'
+# The workload a serving pod belongs to, from its name: a Deployment's pods are
+# <deployment>-<replicaset hash>-<5-character id>, a LeaderWorkerSet's leaders <lws>-<group
+# index>. The shortest name that leaves one of those tails (label_replace anchors the regex).
+READY = 'condition="true"'  # kube_pod_status_ready's series of a true Ready condition
+POD_TO_WORKLOAD = '"workload", "$1", "pod", "(.+?)-(?:[a-z0-9]+-[a-z0-9]{5}|[0-9]+)"'
 
 LINKS = (
     {
@@ -281,15 +284,18 @@ def _phases_panel(title: str, description: str, phases: str) -> Panel:
 
 
 def _ready_replicas() -> str:
-    # Only Deployments that run MiniStream pods: kube-state-metrics labels its series with
-    # the deployment, the sidecars with their pod; the pod name carries the deployment.
+    # Ready pods that run a sidecar, per workload: one per replica for both kinds (a
+    # Deployment's pods, a LeaderWorkerSet group's leader; workers run none, and a leader is
+    # Ready only once vLLM serves on the group's ranks). kube_deployment_status_replicas_ready
+    # has no LWS counterpart, and LWS status metrics need a kube-state-metrics custom-resource
+    # configuration that is off by default; kube_pod_status_ready is a default series.
     return agg(
         "sum",
-        ("deployment",),
+        ("namespace", "workload"),
         (
-            f"{sel(m.READY_REPLICAS, NAMESPACE)}\n"
-            "and on (namespace, deployment)\n"
-            f"label_replace({sel(m.INFO, POD)}, {POD_TO_DEPLOYMENT})"
+            f"label_replace({sel(m.POD_READY, NAMESPACE, READY)}, {POD_TO_WORKLOAD})\n"
+            "and on (namespace, pod)\n"
+            f"{sel(m.INFO, POD)}"
         ),
     )
 
@@ -301,10 +307,11 @@ def _fleet_replicas() -> Row:
         (
             Panel(
                 "Ready replicas",
-                "kube-state-metrics' view of each Deployment next to the "
-                "sidecars' own readiness; the difference is pods Kubernetes has not yet counted.",
+                "kube-state-metrics' view (Ready serving pods per Deployment or LeaderWorkerSet: "
+                "one per replica) next to the sidecars' own readiness; the difference is pods "
+                "Kubernetes has not yet counted.",
                 (
-                    Target(ready_replicas, "{{deployment}} ready (kube-state-metrics)"),
+                    Target(ready_replicas, "{{workload}} ready (kube-state-metrics)"),
                     Target(agg("sum", (), sel(m.READY, POD)), "ready (sidecars)"),
                     Target(agg("count", (), sel(m.READY, POD)), "pods reporting"),
                     Target(agg("sum", (), sel(m.DRAINING, POD)), "draining"),

@@ -628,6 +628,68 @@ def test_fleet_policy_lets_in_the_gateway_and_the_endpoint_picker() -> None:
     assert not allowed(policy, stranger, 8000) and not allowed(policy, gateway_proxy, 9999)
 
 
+def _namespace_peer(name: str, labels: dict[str, str] | None = None) -> Peer:
+    return Peer(name, {"kubernetes.io/metadata.name": name}, labels or {})
+
+
+def test_a_shared_gateway_in_another_namespace_is_let_in(tmp_path: Path) -> None:
+    """With the gateway on and no apiFrom/apiNamespaces, the API port still admits the
+    namespace of every Gateway the HTTPRoute attaches to (read from the rendered route), and
+    nothing else from outside; without a route the chart cannot know that namespace and
+    refuses, naming the values to set."""
+    fleet = yaml.safe_load(FLEET.read_text())
+    values = {
+        "gateway": fleet["gateway"],
+        "networkPolicy": {"apiFrom": [], "apiNamespaces": []},
+    }
+    out = render(BASE, write(tmp_path, values))
+    (policy,) = out.of_kind("NetworkPolicy")
+    route_namespaces = {
+        ref.get("namespace", NAMESPACE) for ref in out.one("HTTPRoute")["spec"]["parentRefs"]
+    }
+    assert route_namespaces - {NAMESPACE}, "the fleet example's Gateway is in another namespace"
+    for name in route_namespaces:
+        assert allowed(policy, _namespace_peer(name, {"app": "envoy"}), 8000), name
+        assert not allowed(policy, _namespace_peer(name), 8081), name
+    assert allowed(policy, _namespace_peer(NAMESPACE), 8000)
+    assert not allowed(policy, _namespace_peer("other"), 8000)
+    no_route = {**values, "gateway": {**fleet["gateway"], "httpRoute": {"enabled": False}}}
+    with pytest.raises(HelmError, match=r"networkPolicy\.apiNamespaces.*networkPolicy\.apiFrom"):
+        render(BASE, write(tmp_path, no_route, "no-route.yaml"))
+    own = {**no_route, "networkPolicy": {"apiNamespaces": ["gateway"]}}
+    (policy,) = render(BASE, write(tmp_path, own, "own.yaml")).of_kind("NetworkPolicy")
+    assert allowed(policy, _namespace_peer("gateway"), 8000)
+
+
+def test_the_chart_test_pod_reaches_the_api(tmp_path: Path) -> None:
+    """`helm test` passes the NetworkPolicy whatever apiFrom names (the fleet example names
+    only the gateway and the picker): its pod may open the port its Service call lands on,
+    that port only beyond what the namespace already gets, and no other pod borrows it."""
+    out = render(FLEET, networkPolicy__sidecarFrom=[{"podSelector": {"matchLabels": {"x": "y"}}}])
+    (policy,) = out.of_kind("NetworkPolicy")
+    (test_pod,) = out.of_kind("Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = [e for c in test_pod["spec"]["containers"] for e in c["env"]]
+    (base_url,) = [e["value"] for e in env if e["name"] == "BASE_URL"]
+    service_port = int(base_url.rsplit(":", 1)[1])
+    (target,) = [
+        p["targetPort"] for p in out.one("Service")["spec"]["ports"] if p["port"] == service_port
+    ]
+    named = {p["name"]: p["containerPort"] for p in vllm(out)["ports"]}
+    api_port = named[target] if isinstance(target, str) else target
+    tester = _namespace_peer(test_pod["metadata"].get("namespace", NAMESPACE))
+    tester = Peer(tester.namespace, tester.namespace_labels, test_pod["metadata"]["labels"])
+    assert allowed(policy, tester, api_port)
+    assert not allowed(policy, tester, 8081)
+    neighbour = _namespace_peer(NAMESPACE, {"app": "client"})
+    assert not allowed(policy, neighbour, api_port)
+    elsewhere = Peer("other", {"kubernetes.io/metadata.name": "other"}, tester.labels)
+    assert not allowed(policy, elsewhere, api_port)
+    off = render(FLEET, helmTest__enabled=False)
+    (policy,) = off.of_kind("NetworkPolicy")
+    assert not off.of_kind("Pod") and not allowed(policy, tester, api_port)
+
+
 def _sidecar_env(rendered: Rendered) -> dict[str, Any]:
     (sidecar,) = [c for c in pod_spec(rendered)["initContainers"] if c["name"] == "sidecar"]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}

@@ -242,11 +242,66 @@ def test_every_loading_mode_reaches_every_rank(tmp_path: Path, loading: dict[str
         assert shards.endswith("-tp8-pp2") and shards in vllm["vllm"]["args"]
 
 
+# ---------------------------------------------------------------- group placement
+
+# Labels the LWS controller and its pod webhook put on every pod of a group (leader and
+# workers), kubernetes-sigs/lws v0.10.0 api/leaderworkerset/v1/leaderworkerset_types.go:
+# RevisionKey (per template revision, the Deployment's pod-template-hash counterpart) and
+# GroupUniqueHashLabelKey (one value per group). pod-template-hash is set by Deployments only.
+LWS_REVISION = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+
+
+def test_group_pods_spread_on_keys_lws_sets(multi: Rendered) -> None:
+    """Leaders spread like the Deployment's pods (the chart's default constraints) but counted
+    per LWS template revision; workers spread over hosts within their own group. No LWS pod
+    carries a key only Deployments set, which would make its constraint count every revision."""
+    deployment = render(BASE).pod_template()["spec"]["topologySpreadConstraints"]
+    leader = multi.pod_template("leader")
+    worker = multi.pod_template("worker")
+    lead = leader["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in lead] == [c["topologyKey"] for c in deployment]
+    for c in lead:
+        assert c["matchLabelKeys"] == [LWS_REVISION], c
+        assert c["labelSelector"]["matchLabels"].items() <= leader["metadata"]["labels"].items()
+    (spread,) = worker["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["matchLabelKeys"] == [LWS_GROUP]
+    assert matches(spread["labelSelector"], worker["metadata"]["labels"])
+    assert matches(spread["labelSelector"], leader["metadata"]["labels"])
+    assert crdkit.validate(multi.workload()) == []
+
+
+def test_spreading_off_stays_off_for_groups(tmp_path: Path) -> None:
+    out = render(MULTI, write(tmp_path, {"topologySpreadConstraints": []}))
+    for role in ("leader", "worker"):
+        assert "topologySpreadConstraints" not in out.pod_template(role)["spec"], role
+
+
+def test_exclusive_topology_keeps_a_group_in_one_domain(multi: Rendered, tmp_path: Path) -> None:
+    """multinode.exclusiveTopology becomes the LWS annotation its controller reads (one group
+    per domain, all of a group's pods in it); unset, no annotation; the Deployment has none."""
+    assert LWS_EXCLUSIVE not in multi.workload()["metadata"].get("annotations", {})
+    over = {"multinode": {"exclusiveTopology": "topology.kubernetes.io/zone"}}
+    out = render(MULTI, write(tmp_path, over))
+    lws = out.workload()
+    assert lws["metadata"]["annotations"][LWS_EXCLUSIVE] == "topology.kubernetes.io/zone"
+    assert crdkit.validate(lws) == []
+    one_node = render(BASE, write(tmp_path, over, "one-node.yaml")).workload()
+    assert LWS_EXCLUSIVE not in one_node["metadata"].get("annotations", {})
+    with pytest.raises(HelmError, match="exclusiveTopology"):
+        render(MULTI, write(tmp_path, {"multinode": {"exclusiveTopology": "a b"}}, "bad.yaml"))
+
+
 # ---------------------------------------------------------------- selection and policy
 
 
 def test_service_monitors_and_pool_select_the_leaders_only(tmp_path: Path) -> None:
-    over = {"gateway": {"enabled": True, "endpointPicker": {"serviceName": "epp"}}}
+    over = {
+        "gateway": {"enabled": True, "endpointPicker": {"serviceName": "epp"}},
+        "networkPolicy": {"apiNamespaces": ["gateway"]},
+    }
     out = render(MULTI, write(tmp_path, over))
     leader = out.pod_template("leader")["metadata"]["labels"]
     worker = out.pod_template("worker")["metadata"]["labels"]

@@ -118,7 +118,7 @@ def test_catalog_agrees_with_the_metric_kinds() -> None:
 def test_cluster_only_allow_list_is_kube_state_metrics_only() -> None:
     expected = {
         "kube_pod_container_status_restarts_total",
-        "kube_deployment_status_replicas_ready",
+        "kube_pod_status_ready",
         "kube_deployment_status_condition",
         "kube_statefulset_status_current_revision",
         "kube_statefulset_status_update_revision",
@@ -186,7 +186,7 @@ def test_serving_dashboard_covers_the_issue() -> None:
     assert {v.name for v in serving.variables} >= {"pod", "model"}
     fleet_exprs = "\n".join(t.expr for p in fleet.panels() for t in p.targets)
     for name in (
-        "kube_deployment_status_replicas_ready",
+        "kube_pod_status_ready",
         "ministream_cold_start_phase_seconds",
         "ministream_warmup_runs_total",
         "ministream_drain_duration_seconds_bucket",

@@ -17,8 +17,27 @@ maxSurge: {{ if kindIs "string" $out.maxSurge }}{{ $out.maxSurge | quote }}{{ el
 maxUnavailable: {{ if kindIs "string" $out.maxUnavailable }}{{ $out.maxUnavailable | quote }}{{ else }}{{ int $out.maxUnavailable }}{{ end }}
 {{- end -}}
 
-{{/* topologySpreadConstraints: a constraint without labelSelector counts this release's serving pods. */}}
+{{/*
+topologySpreadConstraints of a serving pod, called with (dict "ctx" $ "role" ROLE) as
+ministream.podTemplate. The Deployment's pods and a group's leaders: the values' constraints, one
+without labelSelector counting this release's serving pods. On leaders, pod-template-hash
+(set by Deployments only: on an LWS pod the key is absent and the constraint would count
+every revision) becomes the LWS template revision label. Workers: the group's pods on distinct
+hosts (soft, like the defaults), counted per group; which zone or rack holds a group is
+multinode.exclusiveTopology's job, not a spread's (a group split across zones is the problem).
+*/}}
 {{- define "ministream.topologySpreadConstraints" -}}
+{{- $role := .role -}}
+{{- with .ctx -}}
+{{- if eq $role "worker" -}}
+- maxSkew: 1
+  topologyKey: kubernetes.io/hostname
+  whenUnsatisfiable: ScheduleAnyway
+  matchLabelKeys:
+    - {{ include "ministream.lwsGroupLabel" . }}
+  labelSelector:
+    {{- include "ministream.groupPodSelector" . | nindent 4 }}
+{{- else -}}
 {{- $selector := dict "matchLabels" (include "ministream.serverSelectorLabels" . | fromYaml) -}}
 {{- $out := list -}}
 {{- range .Values.topologySpreadConstraints -}}
@@ -26,9 +45,18 @@ maxUnavailable: {{ if kindIs "string" $out.maxUnavailable }}{{ $out.maxUnavailab
 {{- if not (hasKey $c "labelSelector") -}}
 {{- $_ := set $c "labelSelector" $selector -}}
 {{- end -}}
+{{- if and (eq $role "leader") (hasKey $c "matchLabelKeys") -}}
+{{- $keys := list -}}
+{{- range $c.matchLabelKeys -}}
+{{- $keys = append $keys (ternary (include "ministream.lwsRevisionLabel" $) . (eq . "pod-template-hash")) -}}
+{{- end -}}
+{{- $_ := set $c "matchLabelKeys" (uniq $keys) -}}
+{{- end -}}
 {{- $out = append $out $c -}}
 {{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -9,6 +9,7 @@ Helpers of the ministream chart, one file per concern:
   _fleet.tpl    rollout strategy, pod spreading, the autoscalers' signals and behaviour
   _pod.tpl      the serving pod (Deployment, or a LeaderWorkerSet's leader and workers)
   _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the Ray head and workers
+  _gateway.tpl  the inference gateway: where its proxies connect from
 Every name is cut to 63 characters (the DNS-label limit of object names and label values).
 Fixed ports (docs/architecture.md §1.5): vLLM serves the OpenAI API, /health and /metrics on 8000; the
 sidecar serves /livez, /readyz, /warmup, /drain and /metrics on 8081.
@@ -55,6 +56,12 @@ app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- define "ministream.serverSelectorLabels" -}}
 {{ include "ministream.selectorLabels" . }}
 app.kubernetes.io/component: server
+{{- end -}}
+
+{{/* The chart's `helm test` pod (the NetworkPolicy lets it reach the API). */}}
+{{- define "ministream.testSelectorLabels" -}}
+{{ include "ministream.selectorLabels" . }}
+app.kubernetes.io/component: test
 {{- end -}}
 
 {{- define "ministream.labels" -}}

@@ -85,6 +85,18 @@ name: {{ include "ministream.fullname" . }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+Labels and annotation of kubernetes-sigs/lws (v0.10.0, api/leaderworkerset/v1): the
+controller sets the template revision on every pod of a revision, its pod webhook one group
+key on every pod of a group; the exclusive-topology annotation on the LWS makes the webhook
+give each pod affinity to its group's domain and anti-affinity to other groups' (1:1 group
+per domain). LWS also has subgroup-exclusive-topology, read only with a subGroupPolicy, which
+the chart does not set.
+*/}}
+{{- define "ministream.lwsRevisionLabel" -}}leaderworkerset.sigs.k8s.io/template-revision-hash{{- end -}}
+{{- define "ministream.lwsGroupLabel" -}}leaderworkerset.sigs.k8s.io/group-key{{- end -}}
+{{- define "ministream.lwsExclusiveAnnotation" -}}leaderworkerset.sigs.k8s.io/exclusive-topology{{- end -}}
+
 {{/* A label selector of every pod of the multi-node groups: leaders (component server) and workers. */}}
 {{- define "ministream.groupPodSelector" -}}
 matchLabels:

@@ -56,9 +56,9 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- if and .Values.topologySpreadConstraints (ne $role "worker") }}
+  {{- if .Values.topologySpreadConstraints }}
   topologySpreadConstraints:
-    {{- include "ministream.topologySpreadConstraints" . | nindent 4 }}
+    {{- include "ministream.topologySpreadConstraints" (dict "ctx" . "role" $role) | nindent 4 }}
   {{- end }}
   {{- if eq $role "worker" }}
   containers:
