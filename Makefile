@@ -14,6 +14,9 @@ SIDECAR_PORT ?= 8081
 # `make serve` leaves vLLM's CPU KV cache to `ministream up`, which sizes it to the machine
 # (docs/sidecar.md); the benchmarks below pin theirs (GiB) so that their results compare.
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: most of an engine test is waiting (a start, a drain, a
+# load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
+TEST_WORKERS ?= 2
 
 .PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-overload bench-lora-mix soak clean
 
@@ -57,7 +60,7 @@ chart-snapshots: setup-test  ## re-render tests/charts/snapshots/ after an inten
 # machine take about a minute.
 test: setup-test lint wheel-check  ## install what the tests need, then run the whole suite (what CI runs)
 	python3 scripts/images.py build --skip-without-root
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # Standard library only (no .venv needed); root, buildah and podman (scripts/install_oci.sh).
 images:  ## build the CPU serving and sidecar images (+ the GPU image's steps) with buildah; prints sizes

@@ -16,10 +16,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer
+from tests.support import workers
 from tests.support.models import ModelFactory
 
 TINY_SERVED_NAME = "ministream-tiny"
@@ -52,6 +54,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start a vLLM engine must be marked `engine`:\n" + "\n".join(unmarked)
         )
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: see tests/support/workers.py
+        workers.heaviest_groups_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return workers.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

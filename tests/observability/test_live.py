@@ -131,6 +131,7 @@ def test_panels_show_what_happened(live: LiveStack) -> None:
     assert drains == {
         "outcome=idle": pytest.approx(1, abs=0.5),
         "outcome=timeout": pytest.approx(1, abs=0.5),
+        "outcome=never_up": pytest.approx(0, abs=0.5),  # vLLM was up before both drains
     }
     runs = series("ministream-fleet / Warmup runs by outcome / {{outcome}}")
     assert runs["outcome=success"] >= 0.5 and runs["outcome=failure"] == 0
