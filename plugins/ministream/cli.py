@@ -292,7 +292,7 @@ def _add_demo_lora(sub: Subparsers) -> None:
 
 
 def _add_convert_lora(sub: Subparsers) -> None:
-    from ministream.lora_convert import DEFAULT_MAX_RANK
+    from ministream.names import DEFAULT_MAX_LORA_RANK
 
     p = sub.add_parser(
         "convert-lora", help="convert a LoRA adapter (adapter.pt) into a directory vLLM serves"
@@ -308,8 +308,8 @@ def _add_convert_lora(sub: Subparsers) -> None:
     p.add_argument(
         "--max-rank",
         type=int,
-        default=DEFAULT_MAX_RANK,
-        help=f"refuse adapters of a higher rank (default {DEFAULT_MAX_RANK}); serve with "
+        default=DEFAULT_MAX_LORA_RANK,
+        help=f"refuse adapters of a higher rank (default {DEFAULT_MAX_LORA_RANK}); serve with "
         "vLLM's --max-lora-rank at least this",
     )
     p.add_argument("--dtype", default="float32", choices=["bfloat16", "float16", "float32"])

@@ -36,14 +36,13 @@ from tqdm import tqdm
 from ministream.convert import DTYPES, _replace_dir, make_world_readable
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
-from ministream.names import LORA_TARGETS, LoraTarget, lora_targets
+from ministream.names import DEFAULT_MAX_LORA_RANK, LORA_TARGETS, LoraTarget, lora_targets
 from ministream.train_config import TrainConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # vLLM's loader strips this prefix from PEFT tensor names (vllm/lora/utils.py).
 PEFT_PREFIX = "base_model.model."
-DEFAULT_MAX_RANK = 64
 # Trained LoRA factors are O(1) or smaller; an entry past this is a diverged or corrupt
 # adapter, and in bfloat16/float16 serving it overflows or swamps the base weights.
 MAX_ABS_VALUE = 1e3
@@ -182,7 +181,7 @@ def _tensor_problems(
 
 
 def check_adapter(
-    raw: dict[str, Any], cfg: TrainConfig, base_hash: str, max_rank: int = DEFAULT_MAX_RANK
+    raw: dict[str, Any], cfg: TrainConfig, base_hash: str, max_rank: int = DEFAULT_MAX_LORA_RANK
 ) -> tuple[int, float, list[str], dict[tuple[int, str], dict[str, torch.Tensor]]]:
     """Validate an adapter dict against a base; raise one CheckpointError naming all
     problems. Returns (r, alpha, targets, complete A/B pairs by (layer, target))."""
@@ -229,7 +228,7 @@ def convert_lora(
     output: str | Path,
     *,
     name: str | None = None,
-    max_rank: int = DEFAULT_MAX_RANK,
+    max_rank: int = DEFAULT_MAX_LORA_RANK,
     dtype: str = "float32",
     force: bool = False,
     progress: bool = True,

@@ -127,6 +127,8 @@ def hf_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
 # LoRA adapters of the training framework adapt these raw matrices (docs/plugin.md, LoRA):
 # `blocks.{i}.{target}.weight`. Their HF modules and row blocks are the conversion plan's.
 LORA_TARGETS: tuple[str, ...] = ("attn.Wqkv", "attn.out_proj", "mlp.w12", "mlp.w3")
+# The highest adapter rank `convert-lora` and `fetch-adapters` accept unless told otherwise.
+DEFAULT_MAX_LORA_RANK = 64
 
 
 @dataclass(frozen=True)
