@@ -26,6 +26,7 @@
 #     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
+#   bash scripts/gpu/h200.sh lora "$OUT"       # lora_throughput.py: 0/1/4/16 LoRA adapters mixed
 # Several steps in one call: STEPS="parity coldstart" bash scripts/gpu/h200.sh multi "$OUT".
 # PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
 # ROUNDS and THROUGHPUT_LIMIT (seconds per shape) size the throughput step (6, 280);
@@ -47,7 +48,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|fp8|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -164,7 +165,7 @@ gpu_leftovers() {  # engine cores of a killed run of ours would hold GPU memory:
 }
 
 case "$step" in
-  parity|coldstart|fp8) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+  parity|coldstart|fp8|lora) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
 esac
 case "$step" in
   models)
@@ -331,6 +332,16 @@ PY
       scripts/gpu/fp8_compare.py --model $M/gpu-1b --reference $M/reference-gpu-1b.json \
       --out "$out/fp8-compare.json" --rounds ${FP8_ROUNDS:-6} > "$out/fp8-compare.log" 2>&1
     echo "   exit $? ($(date +%T))"; tail -25 "$out/fp8-compare.log"
+    gpu_leftovers ;;
+  lora)  # lora_throughput.py: 0, 1, 4, 16 adapters mixed, one engine (LORA_PRESET, LORA_ROUNDS, LORA_INSTANCES)
+    echo "== LoRA adapters mixed ($(date +%T))"
+    lp=${LORA_PRESET:-gpu-1b}
+    for i in $(seq ${LORA_INSTANCES:-1}); do  # one engine instance each
+      timeout -k 10 ${LORA_LIMIT:-420} python3 scripts/gpu/lora_throughput.py --model $M/$lp \
+        --adapters $M/adapters-$lp --out "$out/lora-throughput-$i.json" \
+        --rounds ${LORA_ROUNDS:-3} > "$out/lora-throughput-$i.log" 2>&1
+      echo "   instance $i exit $? ($(date +%T))"; grep -A6 "^| adapters" "$out/lora-throughput-$i.log"
+    done
     gpu_leftovers ;;
   bench)
     { nvidia-smi; python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__)"; } > "$out/env.txt" 2>&1
