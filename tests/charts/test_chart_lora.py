@@ -3,6 +3,7 @@ the spare slot vllm#48421 needs, the sidecar's adapter list, and the values refu
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 from chartkit import CHART, HelmError, Rendered, render
+
+from ministream import adapter_guard
 
 SCENARIO = CHART / "ci" / "cpu-lora-values.yaml"
 ADAPTERS: list[dict[str, str]] = yaml.safe_load(SCENARIO.read_text())["lora"]["adapters"]
@@ -101,8 +104,15 @@ def test_explicit_slots_and_cpu_cache_render() -> None:
 
 
 def test_dynamic_loading_is_on_only_when_asked() -> None:
-    env = _env(_containers(render(SCENARIO, lora__dynamic__enabled=True))["vllm"])
-    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    vllm = _containers(render(SCENARIO, lora__dynamic__enabled=True))["vllm"]
+    assert _env(vllm)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # vLLM's key covers /v1 only; the guard covers its /adapters routes (adapter_guard).
+    assert _flag(vllm["args"], "--middleware") == [adapter_guard.MIDDLEWARE]
+    module, name = adapter_guard.MIDDLEWARE.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is adapter_guard.AdapterRoutesGuard
+    static = _containers(render(SCENARIO))["vllm"]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in _env(static)
+    assert "--middleware" not in static["args"]
 
 
 BAD: dict[str, tuple[dict[str, Any], list[str]]] = {

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from promkit import NAMESPACE, POD, ROOT, PrometheusServer, ScrapeTarget
 
+from ministream import adapter_guard
 from ministream.manifest import Manifest
 from ministream_observability import catalog
 from ministream_observability.alerts import AlertParams
@@ -82,8 +83,6 @@ def stack(
         log_path=tmp / "vllm.log",
         args=[
             *TINY_ENGINE_ARGS,
-            "--api-key",
-            API_KEY,
             "--enable-lora",
             "--max-loras",
             str(len(names) + 1),
@@ -91,8 +90,11 @@ def stack(
             "8",
             "--lora-modules",
             *(f"{n}={out}/{n}" for n in names),
+            "--middleware",
+            adapter_guard.MIDDLEWARE,
         ],
-        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        # The key as the chart passes it: vLLM and the adapter-route guard both read it.
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", adapter_guard.API_KEY_ENV: API_KEY},
     )
     vllm.start()
     sidecar = None
@@ -200,7 +202,12 @@ def test_dynamic_loading_endpoints_need_the_api_key(stack: LoraStack) -> None:
     body = {"lora_name": "x", "lora_path": "/nonexistent"}
     assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=30).status_code == 401
     assert httpx.post(f"{url}/v1/unload_lora_adapter", json=body, timeout=30).status_code == 401
-    # SageMaker-style routes vLLM registers with runtime updating on: outside /v1, so the
-    # key middleware does not see them (vLLM 0.32's GUARDED_PREFIX); recorded in the docs.
-    sagemaker = httpx.post(f"{url}/adapters", json={"name": "x", "src": "/nonexistent"}, timeout=30)
-    assert sagemaker.status_code != 401, sagemaker.text
+    # SageMaker-style routes vLLM registers with runtime updating on, outside /v1 (vLLM's key
+    # middleware guards /v1, /v2, /inference and /cohere only): the plugin's guard answers them.
+    body2 = {"name": "x", "src": "/nonexistent"}
+    assert httpx.post(f"{url}/adapters", json=body2, timeout=30).status_code == 401
+    assert httpx.delete(f"{url}/adapters/x", timeout=30).status_code == 401
+    with_key = httpx.post(
+        f"{url}/adapters", json=body2, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30
+    )
+    assert with_key.status_code != 401, with_key.text  # reaches vLLM, which refuses the path

@@ -64,6 +64,11 @@ adapters right, so a value without it is refused.
 - --max-cpu-loras
 - {{ int $l.maxCpuLoras | quote }}
 {{- end }}
+{{- if $l.dynamic.enabled }}
+{{- /* vLLM's key guards /v1 only; its SageMaker-style /adapters routes need this one. */}}
+- --middleware
+- ministream.adapter_guard.AdapterRoutesGuard
+{{- end }}
 {{- with $l.adapters }}
 - --lora-modules
 {{- range . }}
