@@ -27,6 +27,9 @@
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
 #   bash scripts/gpu/h200.sh lora "$OUT"       # lora_throughput.py: 0/1/4/16 LoRA adapters mixed
+#   bash scripts/gpu/h200.sh offload "$OUT"    # kv_offload.py: native CPU KV offload on vs off
+#     (carry .whl as for coldstart); OFFLOAD_KV_GIB (GPU KV cache, default 4),
+#     OFFLOAD_GIB (CPU tier, 24), OFFLOAD_LIMIT (s, 480), OFFLOAD_ARGS (kv_offload.py flags)
 # Several steps in one call: STEPS="parity coldstart" bash scripts/gpu/h200.sh multi "$OUT".
 # PRESETS="gpu-1b" limits models/loaders/throughput to one shape (default: seed gpu-1b);
 # ROUNDS and THROUGHPUT_LIMIT (seconds per shape) size the throughput step (6, 280);
@@ -48,7 +51,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|fp8|lora|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|offload|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -132,7 +135,8 @@ step_record() {  # OUT/<step>-<n>/step.json: the step, its settings, start and e
 import json, os, sys, time
 from ministream_testkit.provenance import stamp
 keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES KV_RESERVE_MIB "
-        "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES REFERENCE").split()
+        "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
+        "OFFLOAD_LIMIT OFFLOAD_ARGS").split()
 rec = {"step": sys.argv[2], "started": float(sys.argv[3]), "ended": time.time(),
        "settings": {k: os.environ[k] for k in keys if k in os.environ}}
 open(sys.argv[1], "w").write(json.dumps(stamp(rec), indent=2) + "\n")
@@ -164,8 +168,15 @@ gpu_leftovers() {  # engine cores of a killed run of ours would hold GPU memory:
   done
 }
 
+install_api_wheels() {  # the API server's packages the vLLM transfer lacks, carried as .whl/
+  if compgen -G '.whl/*.whl' >/dev/null && ! python3 -c "import uvicorn" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+    rm -f /tmp/site/.ministream-bytecode  # the new packages need their bytecode too
+  fi
+}
+
 case "$step" in
-  parity|coldstart|fp8|lora) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+  parity|coldstart|fp8|lora|offload) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
 esac
 case "$step" in
   models)
@@ -210,10 +221,7 @@ case "$step" in
     # The API server needs packages the shared/gpu pack leaves out (it was made for
     # vllm.LLM): uvicorn, watchfiles, prometheus-fastapi-instrumentator, python-multipart,
     # model-hosting-container-standards (+ jmespath, supervisor). Carry them as .whl/.
-    if compgen -G '.whl/*.whl' >/dev/null && ! python3 -c "import uvicorn" 2>/dev/null; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-      rm -f /tmp/site/.ministream-bytecode  # the new packages need their bytecode too
-    fi
+    install_api_wheels
     compile_bytecode
     export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
     # --kv-cache-memory-bytes as the chart would size it for one GPU (it does not yet):
@@ -324,6 +332,22 @@ PY
     done
     python3 scripts/gpu/cold_start.py table "$out/cold"
     python3 scripts/gpu/cold_start.py summary "$out/cold" ;;
+  offload)
+    # KV-cache offload on vs off (kv_offload.py): two chart-configured servers side by side
+    # on the GPU, the same small GPU KV cache (OFFLOAD_KV_GIB, GiB), the "on" side with
+    # vLLM's native CPU tier (OFFLOAD_GIB, GiB); alternating blocks of a multi-turn workload
+    # whose working set exceeds the GPU cache (OFFLOAD_ARGS: more kv_offload.py flags).
+    install_api_wheels
+    compile_bytecode
+    export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
+    echo "== kv offload ($(date +%T))"
+    limit=${OFFLOAD_LIMIT:-480}
+    # shellcheck disable=SC2086  # OFFLOAD_ARGS is a list of flags
+    timeout -s INT -k 40 "$limit" python3 scripts/gpu/kv_offload.py run --model $M/gpu-1b \
+      --out "$out/kv-offload.json" --budget-s $(( limit - 45 )) --more \
+      --kv-cache-bytes $(( ${OFFLOAD_KV_GIB:-4} << 30 )) --offload-gib ${OFFLOAD_GIB:-24} \
+      ${OFFLOAD_ARGS:-} 2>&1 | tee "$out/kv-offload.out"
+    gpu_leftovers ;;
   fp8)
     echo "== fp8 vs bf16 ($(date +%T))"
     # Both variants compile from an empty cache, so their engine start compares like for like.
