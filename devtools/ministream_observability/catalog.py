@@ -83,6 +83,21 @@ KV_CACHE_USAGE = _vllm("vllm:kv_cache_usage_perc", G, "KV-cache usage, 1 = 100 %
 PREEMPTIONS = _vllm("vllm:num_preemptions_total", C, "Preemptions (KV cache ran out).")
 PREFIX_QUERIES = _vllm("vllm:prefix_cache_queries_total", C, "Prefix-cache queried tokens.")
 PREFIX_HITS = _vllm("vllm:prefix_cache_hits_total", C, "Prefix-cache hit tokens.")
+# Prefix-cache lookups a KV connector answers: with vllm.kvOffload, the host-memory tier.
+EXTERNAL_PREFIX_QUERIES = _vllm(
+    "vllm:external_prefix_cache_queries_total", C, "KV-connector prefix-cache queried tokens."
+)
+EXTERNAL_PREFIX_HITS = _vllm(
+    "vllm:external_prefix_cache_hits_total", C, "KV-connector prefix-cache hit tokens."
+)
+# Only with KV offload (vllm.kvOffload, GPU builds): the native offloading connector's transfer
+# counters (vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py).
+KV_OFFLOAD_LOAD_BYTES = _vllm(
+    "vllm:kv_offload_load_bytes_total", C, "Bytes of KV blocks loaded from the host tier."
+)
+KV_OFFLOAD_STORE_BYTES = _vllm(
+    "vllm:kv_offload_store_bytes_total", C, "Bytes of KV blocks stored to the host tier."
+)
 REQUEST_SUCCESS = _vllm(
     "vllm:request_success_total",
     C,
@@ -188,6 +203,13 @@ CLUSTER_ONLY: frozenset[str] = frozenset(
 # Names only a pod serving LoRA adapters exports (tests/observability/test_lora_live.py).
 LORA_ONLY: frozenset[str] = frozenset(
     n for m in (LORA_INFO, LORA_ADAPTER_LOADED) for n in m.series_names
+)
+
+# Names only a GPU pod with KV offload exports: vLLM's CPU build cannot offload, so no live
+# scrape here has them; tests/observability/test_kv_offload_names.py finds them in the H200
+# run's recorded counters instead.
+OFFLOAD_ONLY: frozenset[str] = frozenset(
+    n for m in (KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_BYTES) for n in m.series_names
 )
 
 KNOWN_SERIES: frozenset[str] = frozenset(n for m in ALL for n in m.series_names)

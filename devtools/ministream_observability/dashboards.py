@@ -49,6 +49,12 @@ def prefix_cache_hit_rate(selector: str, window: str, labels: tuple[str, ...] = 
     return rate_ratio(m.PREFIX_HITS, m.PREFIX_QUERIES, selector, window, labels)
 
 
+def offload_hit_rate(selector: str, window: str) -> str:
+    """Of the tokens the accelerator's cache missed, the share the KV connector (the host-memory
+    offload tier) held."""
+    return rate_ratio(m.EXTERNAL_PREFIX_HITS, m.EXTERNAL_PREFIX_QUERIES, selector, window)
+
+
 def _serving_latency(params: AlertParams) -> Row:
     return Row(
         "Latency (selected pods together)",
@@ -150,10 +156,25 @@ def _serving_saturation(params: AlertParams) -> Row:
             ),
             Panel(
                 "Prefix-cache hit rate",
-                "rate(hits) / rate(queries), in tokens.",
-                (Target(prefix_cache_hit_rate(VLLM, W), "hit rate"),),
+                "rate(hits) / rate(queries), in tokens; the offload tier's line: of the tokens "
+                "the accelerator's cache missed, those the host-memory tier held "
+                "(vllm.kvOffload; empty without it).",
+                (
+                    Target(prefix_cache_hit_rate(VLLM, W), "hit rate"),
+                    Target(offload_hit_rate(VLLM, W), "offload tier hit rate"),
+                ),
                 unit="percentunit",
                 max=1,
+            ),
+            Panel(
+                "KV offload traffic",
+                "Bytes per second of KV blocks stored to and loaded from host memory "
+                "(vllm.kvOffload, GPU only).",
+                (
+                    Target(agg("sum", (), rate(m.KV_OFFLOAD_STORE_BYTES, VLLM, W)), "stored"),
+                    Target(agg("sum", (), rate(m.KV_OFFLOAD_LOAD_BYTES, VLLM, W)), "loaded"),
+                ),
+                unit="Bps",
             ),
             Panel(
                 "Queue time",

@@ -159,10 +159,13 @@ def test_quantiles_aggregate_rates_of_buckets_by_le() -> None:
 
 
 def test_prefix_cache_hit_rate_is_a_ratio_of_rates() -> None:
-    (q,) = [q for q in QUERIES if "Prefix-cache hit rate" in q.origin]
-    hits, queries_ = q.expr.split("\n/\n")
-    assert "rate(vllm:prefix_cache_hits_total" in hits
-    assert "rate(vllm:prefix_cache_queries_total" in queries_
+    found = {
+        q.origin.rsplit(" / ", 1)[1]: q for q in QUERIES if "Prefix-cache hit rate" in q.origin
+    }
+    for legend, prefix in (("hit rate", "vllm:"), ("offload tier hit rate", "vllm:external_")):
+        hits, queries_ = found[legend].expr.split("\n/\n")
+        assert f"rate({prefix}prefix_cache_hits_total" in hits
+        assert f"rate({prefix}prefix_cache_queries_total" in queries_
 
 
 def test_serving_dashboard_covers_the_issue() -> None:

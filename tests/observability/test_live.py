@@ -51,14 +51,19 @@ def _cluster_only(q: Query) -> bool:
     return bool(metric_names(q.promql) & catalog.CLUSTER_ONLY)
 
 
-def _lora_only(q: Query) -> bool:
-    """Series of pods serving LoRA adapters: this stack's vLLM has none (test_lora_live.py)."""
-    return bool(metric_names(q.promql) & catalog.LORA_ONLY)
+# Series this stack's vLLM does not export: those of pods serving LoRA adapters
+# (test_lora_live.py) and of KV offload, which the CPU build cannot run
+# (test_kv_offload_names.py).
+ELSEWHERE = catalog.LORA_ONLY | catalog.OFFLOAD_ONLY
+
+
+def _exported_elsewhere(q: Query) -> bool:
+    return bool(metric_names(q.promql) & ELSEWHERE)
 
 
 def test_every_metric_name_exists_in_the_live_scrape(live: LiveStack) -> None:
     present = live.prom.names()
-    missing = missing_metrics([q for q in QUERIES if not _lora_only(q)], present)
+    missing = missing_metrics([q for q in QUERIES if not _exported_elsewhere(q)], present)
     assert not missing, "metrics missing from the live scrape"
     # ... and the catalog itself is true to what vLLM 0.32 and the sidecar export.
     exported = {
@@ -66,7 +71,7 @@ def test_every_metric_name_exists_in_the_live_scrape(live: LiveStack) -> None:
         for m in catalog.ALL
         if m.source is not catalog.Source.CLUSTER
         for n in m.series_names
-        if n not in catalog.LORA_ONLY
+        if n not in ELSEWHERE
     }
     assert exported <= present, sorted(exported - present)
 
@@ -102,8 +107,8 @@ def test_a_renamed_metric_fails_the_check(live: LiveStack) -> None:
 @pytest.mark.parametrize("query", DASHBOARD_QUERIES, ids=lambda q: q.origin)
 def test_dashboard_query_returns_data(live: LiveStack, query: Query) -> None:
     result = live.prom.query(_live_promql(query), at=live.finished)
-    if _cluster_only(query) or _lora_only(query):
-        return  # kube-state-metrics, LoRA: parsed and run above, no data here
+    if _cluster_only(query) or _exported_elsewhere(query):
+        return  # kube-state-metrics, LoRA, KV offload: parsed and run above, no data here
     assert result, f"no data: {_live_promql(query)}"
     if query.kind == "variable":
         return

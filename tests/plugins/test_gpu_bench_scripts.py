@@ -9,6 +9,7 @@ run each script end to end and assert on the structure of what it writes, never 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -334,3 +335,61 @@ def test_quantized_load_maps_kv_cache_scale_names() -> None:
     )
     names = [n for n, _ in MiniStreamForCausalLM._map_cache_scales(legacy, iter(weights))]  # type: ignore[arg-type]
     assert names[0].endswith(".renamed") and names[1] == weights[1][0]
+
+
+def test_kv_offload_workload_resends_history_and_keeps_turns_in_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """kv_offload.py's multi-turn workload (its servers need a GPU: vLLM's CPU build cannot
+    offload, so the engine path runs only on the H200, docs/results/h200/run16)."""
+    kv = gpu_module("kv_offload")
+    w = kv.Workload(
+        sessions=3,
+        turns=3,
+        prefix_tokens=8,
+        user_tokens=2,
+        output_tokens=1,
+        concurrency=2,
+        vocab_size=50,
+    )
+    texts = kv.prompts(w, seed=7)
+    assert texts == kv.prompts(w, seed=7) and texts != kv.prompts(w, seed=8)
+    for turns in texts:
+        assert [len(t) for t in turns] == [10, 13, 16]
+        for earlier, later in itertools.pairwise(turns):
+            assert later[: len(earlier)] == earlier  # the chat resends its history
+        assert all(kv.TOKEN_LOW <= tok < w.vocab_size for tok in turns[-1])
+    assert w.max_prompt() == 16 and w.working_set_tokens() == 48
+    order = kv.schedule(w, seed=1)
+    assert sorted(order) == [(s, t) for s in range(3) for t in range(3)]
+    assert [t for _, t in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_kv_offload_reads_the_counters_an_h200_recorded(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    kv = gpu_module("kv_offload")
+    page = "\n".join(
+        [
+            "# HELP vllm:prefix_cache_hits_total Prefix cache hits",
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 10.0',
+            'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 5.0',
+            'vllm:kv_offload_load_bytes_total{engine="0"} 1.5e+09',
+            'vllm:kv_offload_load_size_bucket{le="1"} 3.0',
+            'vllm:kv_offload_load_size_created{engine="0"} 1.7e9',
+            'vllm:num_requests_running{engine="0"} 2.0',
+        ]
+    )
+    assert kv.counters(page) == {
+        "vllm:prefix_cache_hits_total": 15.0,
+        "vllm:kv_offload_load_bytes_total": 1.5e9,
+    }
+    blocks = [
+        {"side": side, "pair": p, "ttft_p50_s": t, "ttft_p99_s": t * 2, "output_tok_s": r}
+        | {"prefix_cache_hit_rate": 0.1}
+        for p, (side, t, r) in enumerate(
+            [("off", 1.0, 100.0), ("on", 0.5, 150.0), ("off", 1.0, 100.0), ("on", 0.5, 150.0)]
+        )
+    ]
+    for b in blocks:  # pairs: (0, 1) and (2, 3)
+        b["pair"] //= 2
+    s = kv.summarize(blocks)
+    assert s["ratio_on_off"]["ttft_p50_s"]["median"] == pytest.approx(0.5)
+    assert s["ratio_on_off"]["output_tok_s"]["median"] == pytest.approx(1.5)
+    assert "on/off (paired)" in kv.table_text({"summary": s, "blocks": blocks})

@@ -84,3 +84,36 @@ before going from one pod to zero) is the same window.
 {{- fail (printf "do not set vllm.resources.limits.%s: the chart requests the devices itself (%s per pod, from parallelism and accelerator.perNode)" $v.accelerator.resourceName (include "ministream.ranksPerPod" .)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A pod's share of the KV offload tier, in MiB: vLLM pins vllm.kvOffload.sizeGiB of host memory
+summed over the replica's ranks (world = tensor x pipeline), each rank its equal part, so
+  share = ceil(sizeGiB x 1024 x ranksPerPod / world)
+0 when offload is off. vLLM's CPU build has no offloading: refused there.
+*/}}
+{{- define "ministream.kvOffloadMiBPerPod" -}}
+{{- $size := .Values.vllm.kvOffload.sizeGiB -}}
+{{- if $size -}}
+{{- if eq .Values.accelerator.type "cpu" -}}
+{{- fail (printf "vllm.kvOffload.sizeGiB=%v: vLLM's CPU build has no KV offloading (its engine stops at start: \"CPU Offloading is currently only supported on CUDA-alike and XPU GPUs\"). Leave vllm.kvOffload.sizeGiB null with accelerator.type=cpu." $size) -}}
+{{- end -}}
+{{- $layout := include "ministream.layout" . | fromYaml -}}
+{{- ceil (divf (mulf $size 1024 (int $layout.ranksPerNode)) (int $layout.world)) | int -}}
+{{- else -}}0{{- end -}}
+{{- end -}}
+
+{{/*
+A Kubernetes memory quantity in MiB, rounded up: plain bytes, the decimal suffixes k M G T and
+the binary Ki Mi Gi Ti (dict "quantity" Q "at" "the value's path", for the error).
+*/}}
+{{- define "ministream.memoryMiB" -}}
+{{- $q := toString .quantity -}}
+{{- $m := regexFindAll "^([0-9]+(?:\\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$" $q -1 -}}
+{{- if not $m -}}
+{{- fail (printf "%s=%q is not a memory quantity this chart can add to: write it as a number of bytes or with one of the suffixes Ki Mi Gi Ti k M G T (e.g. 32Gi)" .at $q) -}}
+{{- end -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" $q | float64 -}}
+{{- $unit := trimPrefix (regexFind "^[0-9]+(\\.[0-9]+)?" $q) $q -}}
+{{- $bytes := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
+{{- ceil (divf (mulf $num (index $bytes $unit)) 1048576.0) | int -}}
+{{- end -}}

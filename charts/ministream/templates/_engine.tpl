@@ -65,9 +65,20 @@ outlive a restarted vLLM container and feed KEDA, the HPA and the picker stale s
 {{- end }}
 {{- end -}}
 
-{{/* The engine container's resources: vllm.resources plus ranksPerPod accelerators (templates/_multinode.tpl). */}}
+{{/* The engine container's resources: vllm.resources plus ranksPerPod accelerators
+(templates/_multinode.tpl), and the pod's share of the KV offload tier on each memory request
+and limit that is set. */}}
 {{- define "ministream.engineResources" -}}
 {{- $res := deepCopy (default dict .Values.vllm.resources) }}
+{{- $offloadMiB := include "ministream.kvOffloadMiBPerPod" . | int }}
+{{- if gt $offloadMiB 0 }}
+{{- range $side := list "requests" "limits" }}
+{{- $block := index $res $side }}
+{{- if and $block (hasKey $block "memory") }}
+{{- $_ := set $block "memory" (printf "%dMi" (add (include "ministream.memoryMiB" (dict "quantity" $block.memory "at" (printf "vllm.resources.%s.memory" $side)) | int) $offloadMiB)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if eq .Values.accelerator.type "gpu" }}
 {{- $limits := default dict $res.limits }}
 {{- $_ := set $limits .Values.accelerator.resourceName (include "ministream.ranksPerPod" . | int) }}

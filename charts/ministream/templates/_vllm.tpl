@@ -46,6 +46,12 @@
 - --max-num-queued-reqs
 - {{ int . | quote }}
 {{- end }}
+{{- with .Values.vllm.kvOffload.sizeGiB }}
+- --kv-offloading-size
+- {{ . | quote }}
+- --kv-offloading-backend
+- native
+{{- end }}
 {{- if include "ministream.loraEnabled" . }}
 {{ include "ministream.loraArgs" . }}
 {{- end }}
