@@ -190,3 +190,51 @@ def test_network_paths_of_the_picker_and_nothing_more() -> None:
     # Without the chart's picker nothing of the picker is let in.
     (plain,) = render(FLEET).of_kind("NetworkPolicy")
     assert not allowed(plain, epp, 8000)
+
+
+def test_one_picker_runs_without_tracing_or_metrics_auth_it_cannot_use() -> None:
+    out = with_picker()
+    (epp,) = picker(out, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--tracing=false" in epp["args"]
+    assert "--metrics-endpoint-auth=false" in epp["args"]
+    assert "--ha-enable-leader-election" not in epp["args"]
+    assert not out.of_kind("ClusterRole") and not out.of_kind("ClusterRoleBinding")
+    assert "authorization" not in picker(out, "ServiceMonitor")["spec"]["endpoints"][0]
+
+
+def test_a_scrape_token_turns_on_the_pickers_own_metrics_auth() -> None:
+    out = with_picker(gateway__picker__metricsAuthSecret="picker-scrape")
+    (epp,) = picker(out, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-endpoint-auth=false" not in epp["args"]
+    role = picker(out, "ClusterRole")
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {
+        ("authentication.k8s.io", "tokenreviews", ("create",)),
+        ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
+    }
+    binding = picker(out, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == epp_account(out)
+    endpoint = picker(out, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["authorization"]["credentials"] == {"name": "picker-scrape", "key": "token"}
+    for version in KUBE_VERSIONS:
+        for doc in (role, binding):
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_several_pickers_elect_a_leader_and_only_it_is_ready() -> None:
+    out = with_picker(gateway__picker__replicas=2)
+    (epp,) = picker(out, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--ha-enable-leader-election" in epp["args"]
+    assert epp["livenessProbe"]["grpc"]["service"] == "liveness"
+    assert epp["readinessProbe"]["grpc"]["service"] == "readiness"
+    rules = {
+        (rule["apiGroups"][0], rule["resources"][0]): set(rule["verbs"])
+        for rule in picker(out, "Role")["rules"]
+    }
+    assert {"create", "update", "get"} <= rules[("coordination.k8s.io", "leases")]
+    assert rules[("", "events")] == {"create", "patch"}
+
+
+def epp_account(out: Rendered) -> str:
+    name: str = picker(out, "ServiceAccount")["metadata"]["name"]
+    return name
