@@ -29,3 +29,56 @@ would refuse a shared gateway's proxies.
 {{- end -}}
 {{- toYaml (uniq $out) -}}
 {{- end -}}
+
+{{/*
+The pool's pod selector: the InferencePool's spec.selector and the picker's --pool-name
+both come from here, so the pool, the picker and the serving pods cannot drift apart.
+*/}}
+{{- define "ministream.poolName" -}}
+{{- include "ministream.fullname" . -}}
+{{- end -}}
+
+{{- define "ministream.poolSelector" -}}
+{{ include "ministream.serverSelectorLabels" . }}
+{{- end -}}
+
+{{/* The chart's endpoint picker (gateway.picker): its name and its pods' labels. */}}
+{{- define "ministream.pickerName" -}}
+{{- include "ministream.componentName" (dict "ctx" . "suffix" "epp") -}}
+{{- end -}}
+
+{{- define "ministream.pickerSelectorLabels" -}}
+{{ include "ministream.selectorLabels" . }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{/* Ports of the upstream picker (v1.5.0): ext-proc gRPC, gRPC health, Prometheus metrics. */}}
+{{- define "ministream.pickerGrpcPort" -}}9002{{- end -}}
+{{- define "ministream.pickerHealthPort" -}}9003{{- end -}}
+{{- define "ministream.pickerMetricsPort" -}}9090{{- end -}}
+
+{{/* The Service the InferencePool's endpointPickerRef names: the chart's picker, or the user's. */}}
+{{- define "ministream.pickerService" -}}
+{{- $g := .Values.gateway -}}
+{{- if $g.picker.enabled -}}
+{{- include "ministream.pickerName" . -}}
+{{- else if $g.endpointPicker.serviceName -}}
+{{- $g.endpointPicker.serviceName -}}
+{{- else -}}
+{{- fail "gateway.enabled needs an endpoint picker: set gateway.picker.enabled=true to deploy it with the chart, or gateway.endpointPicker.serviceName to the Service of one installed separately" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Peers (a YAML list of NetworkPolicy `from` entries) of the API port, which are also the
+gateway's proxies that call the chart's endpoint picker: networkPolicy.apiFrom (this
+namespace when empty), networkPolicy.apiNamespaces and the gateway's namespaces.
+*/}}
+{{- define "ministream.apiPeers" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $out := default (list (dict "podSelector" dict)) $np.apiFrom -}}
+{{- range concat $np.apiNamespaces (include "ministream.gatewayNamespaces" . | fromYamlArray) | uniq -}}
+{{- $out = append $out (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .))) -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
