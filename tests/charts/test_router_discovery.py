@@ -1,6 +1,8 @@
 """How the real vllm-router (the installed wheel, the chart's own command line) treats the
 serving pods it discovers: the drain in docs/fleet.md relies on it dropping a pod as soon as
-the pod is deleted or stops being Ready, while the request it already sent finishes.
+the pod is deleted or stops being Ready, while the request it already sent finishes. And the
+router's metrics that the Router dashboard and alerts read (ministream_observability's
+catalog) are the names it really exports.
 
 No Kubernetes API server runs here, so a stand-in serves the one thing the router asks of it
 (a LIST and a WATCH of the namespace's pods) and a stand-in replica answers /health and
@@ -27,6 +29,7 @@ import httpx
 import pytest
 from chartkit import CHART, NAMESPACE, render
 
+from ministream_observability import catalog
 from ministream_testkit.net import free_port
 from ministream_testkit.waiting import wait_until
 
@@ -54,6 +57,7 @@ class Cluster:
     version: int = 100
     release: threading.Event = field(default_factory=threading.Event)
     arrived: threading.Event = field(default_factory=threading.Event)
+    failing: threading.Event = field(default_factory=threading.Event)  # the replica answers 500
 
     def pod(self, *, ready: bool, deleting: bool = False) -> dict[str, Any]:
         self.version += 1
@@ -122,11 +126,22 @@ def _replica_handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _fail(self) -> bool:
+            if cluster.failing.is_set():
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            return cluster.failing.is_set()
+
         def do_GET(self) -> None:  # /health, /v1/models
+            if self._fail():
+                return
             self._json({"object": "list", "data": [{"id": "ministream", "object": "model"}]})
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self._fail():
+                return
             if self.path == "/v1/completions" and SLOW_PROMPT.encode() in body:
                 cluster.arrived.set()
                 cluster.release.wait(timeout=60)
@@ -151,8 +166,15 @@ def _local(args: list[str], **values: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Routed:
+    cluster: Cluster
+    url: str  # the router's API
+    metrics: str  # its Prometheus exposition
+
+
 @pytest.fixture()
-def routed(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
+def routed(tmp_path: Path) -> Iterator[Routed]:
     out = render(ROUTER)
     (router,) = [
         d
@@ -163,15 +185,17 @@ def routed(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     cluster = Cluster(labels=out.pod_template()["metadata"]["labels"])
     api, api_port = _serve(_api_handler(cluster))
     replica, replica_port = _serve(_replica_handler(cluster))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     args = _local(
         [a for a in container["args"] if "$(" not in a and a != "--api-key"],
         **{
             "--host": "127.0.0.1",
             "--port": str(port),
             "--prometheus-host": "127.0.0.1",
-            "--prometheus-port": str(free_port()),
+            "--prometheus-port": str(metrics_port),
             "--service-discovery-port": str(replica_port),
+            # The chart's 10 s, shortened so a failing replica is marked within seconds.
+            "--health-check-interval-secs": "1",
         },
     )
     kubeconfig = tmp_path / "kubeconfig"
@@ -192,9 +216,10 @@ def routed(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     proc = subprocess.Popen(
         [str(VLLM_ROUTER), *args], stdout=log, stderr=subprocess.STDOUT, env=env
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        yield cluster, url
+        yield Routed(
+            cluster, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+        )
     finally:
         cluster.release.set()
         proc.terminate()
@@ -223,9 +248,9 @@ def complete(url: str, prompt: str = "hello") -> int:
     ids=["not-ready", "terminating"],
 )
 def test_router_drops_a_pod_that_stops_being_ready_or_is_deleted(
-    routed: tuple[Cluster, str], change: dict[str, bool]
+    routed: Routed, change: dict[str, bool]
 ) -> None:
-    cluster, url = routed
+    cluster, url = routed.cluster, routed.url
     wait_until(lambda: workers(url), 60, what="the router to discover the Ready pod")
     assert complete(url) == 200
     # A request in flight when the pod goes: the drain lets it finish.
@@ -240,3 +265,36 @@ def test_router_drops_a_pod_that_stops_being_ready_or_is_deleted(
     cluster.release.set()
     inflight.join(timeout=60)
     assert results == [200]
+
+
+def exported(metrics_url: str) -> dict[str, list[str]]:
+    """Metric name -> its sample lines, from the router's exposition."""
+    out: dict[str, list[str]] = {}
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            out.setdefault(line.split("{")[0].split(" ")[0], []).append(line)
+    return out
+
+
+def test_the_metrics_the_dashboards_and_alerts_read_are_the_routers_own(routed: Routed) -> None:
+    cluster, url = routed.cluster, routed.url
+    wait_until(lambda: workers(url), 60, what="the router to discover the Ready pod")
+    assert complete(url) == 200
+    cluster.failing.set()
+    # Each try fails (5xx): retries, then the breaker opens (the chart: 10 in a row).
+    for _ in range(3):
+        assert complete(url) >= 500
+
+    def unhealthy() -> bool:
+        return any(
+            line.endswith(" 0")
+            for line in exported(routed.metrics).get(catalog.ROUTER_WORKER_HEALTH.name, [])
+        )
+
+    wait_until(unhealthy, 60, what="the router's health check to mark the replica unhealthy")
+    names = set(exported(routed.metrics))
+    assert names >= catalog.ROUTER_ONLY, sorted(catalog.ROUTER_ONLY - names)
+    samples = exported(routed.metrics)
+    (opened,) = [s for s in samples[catalog.ROUTER_CB_TRANSITIONS.name] if 'to="open"' in s]
+    assert 'worker="http://127.0.0.1:' in opened
+    assert any(s.endswith(" 1") for s in samples[catalog.ROUTER_CB_STATE.name])

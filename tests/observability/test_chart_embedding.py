@@ -11,13 +11,14 @@ import pytest
 import yaml
 from promkit import ROOT, promtool
 
-from ministream_observability.alerts import ALL_NAMESPACES
+from ministream_observability.alerts import ALL_NAMESPACES, ALL_ROUTERS
 from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
 from ministream_testkit.helm import helm_path
 
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "local-tp1-values.yaml"
 SELECTOR = 'namespace="serving", pod=~"ms-ministream-[a-z0-9]+-[a-z0-9]+"'
+ROUTER_SELECTOR = 'namespace="serving", pod=~"ms-ministream-router-[a-z0-9]+-[a-z0-9]+"'
 
 
 def _render(*sets: str) -> list[dict[str, Any]]:
@@ -31,7 +32,24 @@ def _render(*sets: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
-    return _render("monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true")
+    return _render(
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboards.enabled=true",
+        "router.enabled=true",
+    )
+
+
+def test_router_alerts_and_dashboard_only_with_the_router() -> None:
+    off = _render("monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true")
+    (rule,) = [d for d in off if d["kind"] == "PrometheusRule"]
+    groups = {g["name"] for g in rule["spec"]["groups"]}
+    assert "ministream.router" not in groups and "ministream.serving" in groups
+    (cm,) = [
+        d
+        for d in off
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]
+    ]
+    assert set(cm["data"]) == {"ministream-serving.json", "ministream-fleet.json"}
 
 
 def test_prometheus_rule_embeds_the_rule_file_for_this_release(
@@ -44,9 +62,11 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
         shipped = by_name[group["name"]]["rules"]
         assert len(shipped) == len(group["rules"])
         for mine, theirs in zip(group["rules"], shipped, strict=True):
-            # Same rule, the all-namespaces matcher replaced by the release's selector;
-            # Prometheus templates in the annotations untouched (no `tpl`).
-            assert theirs["expr"] == mine["expr"].replace(ALL_NAMESPACES, SELECTOR)
+            # Same rule, the all-namespaces matcher replaced by the release's selector (the
+            # router's alerts: its router pods); Prometheus templates in the annotations
+            # untouched (no `tpl`).
+            scoped = mine["expr"].replace(ALL_ROUTERS, ROUTER_SELECTOR)
+            assert theirs["expr"] == scoped.replace(ALL_NAMESPACES, SELECTOR)
             assert ALL_NAMESPACES not in theirs["expr"]
             assert {k: v for k, v in theirs.items() if k != "expr"} == {
                 k: v for k, v in mine.items() if k != "expr"
@@ -68,7 +88,11 @@ def test_dashboard_configmap_carries_the_generated_dashboards(
     ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     files = {p.name: p.read_text() for p in (ROOT / DASHBOARD_DIR).glob("*.json")}
-    assert set(files) == {"ministream-serving.json", "ministream-fleet.json"}
+    assert set(files) == {
+        "ministream-serving.json",
+        "ministream-fleet.json",
+        "ministream-router.json",
+    }
     assert cm["data"] == files
 
 

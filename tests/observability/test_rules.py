@@ -17,7 +17,7 @@ UNIT_TESTS = ROOT / "tests" / "observability" / "rules_test.yaml"
 def test_alert_rules_parse() -> None:
     out = promtool("check", "rules", ROOT / RULES_FILE)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 10 rules found" in out.stdout
+    assert "SUCCESS: 13 rules found" in out.stdout
 
 
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
