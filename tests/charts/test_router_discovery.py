@@ -171,6 +171,8 @@ class Routed:
     cluster: Cluster
     url: str  # the router's API
     metrics: str  # its Prometheus exposition
+    liveness: str  # the rendered probes' URLs
+    readiness: str
 
 
 @pytest.fixture()
@@ -217,8 +219,13 @@ def routed(tmp_path: Path) -> Iterator[Routed]:
         [str(VLLM_ROUTER), *args], stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
+        url = f"http://127.0.0.1:{port}"
         yield Routed(
-            cluster, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+            cluster,
+            url,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            url + container["livenessProbe"]["httpGet"]["path"],
+            url + container["readinessProbe"]["httpGet"]["path"],
         )
     finally:
         cluster.release.set()
@@ -253,6 +260,7 @@ def test_router_drops_a_pod_that_stops_being_ready_or_is_deleted(
     cluster, url = routed.cluster, routed.url
     wait_until(lambda: workers(url), 60, what="the router to discover the Ready pod")
     assert complete(url) == 200
+    assert httpx.get(routed.readiness, timeout=5).status_code == 200
     # A request in flight when the pod goes: the drain lets it finish.
     results: list[int] = []
     inflight = threading.Thread(target=lambda: results.append(complete(url, SLOW_PROMPT)))
@@ -260,8 +268,11 @@ def test_router_drops_a_pod_that_stops_being_ready_or_is_deleted(
     assert cluster.arrived.wait(timeout=60), "the slow request never reached the replica"
     cluster.modify(**change)
     wait_until(lambda: not workers(url), 30, what=f"the router to drop the pod ({change})")
-    # Nothing new reaches it; the router has no other replica to offer.
+    # Nothing new reaches it; the router has no other replica to offer, and the chart's
+    # readiness probe takes the router out of its Service (liveness stays).
     assert complete(url) == 503
+    assert httpx.get(routed.readiness, timeout=5).status_code == 503
+    assert httpx.get(routed.liveness, timeout=5).status_code == 200
     cluster.release.set()
     inflight.join(timeout=60)
     assert results == [200]
