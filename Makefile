@@ -63,7 +63,7 @@ test: setup-test lint wheel-check  ## install what the tests need, then run the 
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # Standard library only (no .venv needed); root, buildah and podman (scripts/install_oci.sh).
-images:  ## build the CPU serving and sidecar images (+ the GPU image's steps) with buildah; prints sizes
+images:  ## build the CPU serving, sidecar and router images (+ the GPU image's steps) with buildah; prints sizes
 	@scripts/setup.sh oci
 	python3 scripts/images.py build
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Build the project's container images with buildah, no Docker daemon needed (`make images`).
 
-    scripts/images.py build [--image cpu|sidecar|serving ...] [--base auto|upstream|bootstrap]
+    scripts/images.py build [--image cpu|sidecar|router|serving ...]
+                            [--base auto|upstream|bootstrap]
     scripts/images.py env          # `export CONTAINERS_CONF=... CONTAINERS_STORAGE_CONF=...`
 
-`build` (default images: cpu, sidecar, serving) runs `buildah bud --layers` on the
+`build` (default images: cpu, sidecar, router, serving) runs `buildah bud --layers` on the
 repository's own Dockerfiles and tags the results with the names the chart's defaults pull
-(`image.cpuRepository`, `sidecar.image.repository`, tag = the chart's appVersion), so that
+(`image.cpuRepository`, `sidecar.image.repository`, `router.image.repository`, tag = the
+chart's appVersion), so that
 `podman kube play` of the rendered chart finds them locally. It prints each image's size and
 build time and writes them to .artifacts/images/report.json.
 
@@ -84,8 +86,8 @@ DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 HOST_PIP_DIR = "/mnt"
 PIP_CONFIG_FILE = f"{HOST_PIP_DIR}/pip.conf"
 # Size budgets (MB, 10^6 bytes), checked by tests/images/ and recorded in docs/images.md.
-BUDGET_MB = {"sidecar": 250, "cpu": 4000}
-IMAGES = ("cpu", "sidecar", "serving")
+BUDGET_MB = {"sidecar": 250, "router": 300, "cpu": 4000}
+IMAGES = ("cpu", "sidecar", "router", "serving")
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,14 @@ def images() -> dict[str, Image]:
     sidecar_repo = _chart_value(
         values, r"^sidecar:\n(?:[ #].*\n)*?  image:\n(?:    .*\n)*?    repository:\s*(\S+)"
     )
+    router_repo = _chart_value(
+        values, r"^router:\n(?:[ #].*\n)*?  image:\n(?:    .*\n)*?    repository:\s*(\S+)"
+    )
     docker = ROOT / "docker"
     return {
         "cpu": Image("cpu", docker / "Dockerfile.cpu", f"{cpu_repo}:{version}"),
         "sidecar": Image("sidecar", docker / "Dockerfile.sidecar", f"{sidecar_repo}:{version}"),
+        "router": Image("router", docker / "Dockerfile.router", f"{router_repo}:{version}"),
         "serving": Image(
             "serving",
             docker / "Dockerfile.serving",
@@ -394,7 +400,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 flush=True,
             )
             cpu_args["TORCH_INDEX_URL"] = ""
-        order = [k for k in ("cpu", "sidecar", "serving") if k in wanted]
+        order = [k for k in IMAGES if k in wanted]
         if (
             "serving" in order
             and "cpu" not in order
@@ -405,7 +411,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             image = all_images[key]
             if key == "cpu":
                 seconds = build(image, cpu_args, mounts, env)
-            elif key == "sidecar":
+            elif key in ("sidecar", "router"):
                 seconds = build(image, common, mounts, env)
             else:  # the GPU image's own steps, on the CPU image standing in for vllm-openai
                 serving_args = {

@@ -21,6 +21,9 @@ ALL_NAMESPACES = 'namespace=~".*"'
 ALL_DEPLOYMENTS = f'{ALL_NAMESPACES}, deployment=~".*"'
 ALL_STATEFULSETS = f'{ALL_NAMESPACES}, statefulset=~".*"'
 _ROLLOUT_CHANGE_WINDOW = "5m"
+# vLLM's router pods (`<release>-router-<hash>-<id>`): the chart replaces this exact matcher
+# (before ALL_NAMESPACES) with its own namespace and router pods.
+ALL_ROUTERS = f'{ALL_NAMESPACES}, pod=~".+-router-.+"'
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
@@ -65,6 +68,11 @@ class AlertParams:
     rollout_stall_budget: str = "15m"
     # How long a configured LoRA adapter may be missing before MiniStreamLoraAdapterNotLoaded.
     lora_not_loaded_for: str = "1m"
+    # How long the router's health check may find a replica unhealthy before
+    # MiniStreamRouterWorkerUnhealthy (the chart checks every 10 s, 3 failures to mark it).
+    router_unhealthy_for: str = "2m"
+    # How long a router may have no replica at all before MiniStreamRouterNoWorkers.
+    router_no_workers_for: str = "2m"
     # Where the runbooks live; each alert links to <base>#<alert name in lower case>.
     runbook_base_url: str = "docs/observability.md"
 
@@ -144,7 +152,8 @@ def engine_error_ratio(selector: str, window: str) -> str:
     )
 
 
-def alerts(p: AlertParams) -> tuple[Alert, ...]:
+def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """The serving pods' (vLLM and the sidecar)."""
     t = ALL_NAMESPACES
     per_pod = ("namespace", "pod")
     per_engine = ("namespace", "pod", "model_name")
@@ -378,6 +387,64 @@ def alerts(p: AlertParams) -> tuple[Alert, ...]:
             labels=(("kind", "LeaderWorkerSet"),),
         ),
     )
+
+
+def router_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """vLLM's router (router.enabled): a replica ejected by its breaker or its health check,
+    and a router with nothing to route to."""
+    r = ALL_ROUTERS
+    group = "ministream.router"
+    per_worker = ("namespace", "pod", "worker")
+    where = "{{ $labels.namespace }}/{{ $labels.pod }}"
+    opened = agg("sum", per_worker, increase(m.ROUTER_CB_TRANSITIONS, r, "10m", eq("to", "open")))
+    # With no replica left MiniStreamRouterNoWorkers speaks; this one stays quiet then.
+    unhealthy = agg("min", per_worker, sel(m.ROUTER_WORKER_HEALTH, r))
+    active = agg("max", ("namespace", "pod"), sel(m.ROUTER_ACTIVE_WORKERS, r))
+    return (
+        Alert(
+            "MiniStreamRouterWorkerEjected",
+            group,
+            f"{opened} > 0",
+            "0m",
+            "warning",
+            "Router {{ $labels.pod }} opened the circuit breaker of {{ $labels.worker }}",
+            f"The router {where} stopped sending requests to the replica "
+            "{{ $labels.worker }} after consecutive failures (router.circuitBreaker) in the "
+            "last 10m; it tries it again after the breaker's timeout.",
+            "Read that replica's vLLM logs and its sidecar's /readyz; compare with "
+            "MiniStreamRequestErrors.",
+        ),
+        Alert(
+            "MiniStreamRouterWorkerUnhealthy",
+            group,
+            f"({unhealthy} == 0)\nand on (namespace, pod) ({active} > 0)",
+            p.router_unhealthy_for,
+            "warning",
+            "Router {{ $labels.pod }} finds {{ $labels.worker }} unhealthy",
+            f"The router {where} has found the replica {{{{ $labels.worker }}}} failing "
+            f"its /health checks for {p.router_unhealthy_for} and routes nothing to it. "
+            "vllm-router 0.1.17 keeps exporting a removed replica's last health value until "
+            "it restarts: if that pod is gone, this alert is stale.",
+            "Read that replica's vLLM logs and its sidecar's /readyz. If the pod no longer "
+            "exists, restart the router pods to clear the stale series.",
+        ),
+        Alert(
+            "MiniStreamRouterNoWorkers",
+            group,
+            f"{active} == 0",
+            p.router_no_workers_for,
+            "critical",
+            "Router {{ $labels.pod }} has no replica to route to",
+            f"The router {where} has had no Ready serving pod for {p.router_no_workers_for}: "
+            "every request gets 503 (no_available_workers).",
+            "Check the serving pods' readiness, the router's Role (pods get/list/watch) and "
+            "its --selector against the pods' labels (router logs: 'Adding pod').",
+        ),
+    )
+
+
+def alerts(p: AlertParams) -> tuple[Alert, ...]:
+    return (*serving_alerts(p), *router_alerts(p))
 
 
 def rule_groups(params: AlertParams) -> list[dict[str, Any]]:

@@ -8,6 +8,10 @@ named by their base (queries add `_bucket`, `_sum`, `_count`). Sources:
   labels `handler`, `method`, `status` in classes `2xx`, `4xx`, `5xx`).
 - `sidecar`: the sidecar's `ministream_*` contract (docs/architecture.md §1.7,
   `ministream_sidecar/metrics.py`).
+- `router`: vLLM's router, vllm-router 0.1.17 (`vllm_router_*`, its `--prometheus-port`;
+  per-replica series carry `worker`, the replica's URL). Read off its own /metrics; the
+  vLLM live scrape has none of them (`ROUTER_ONLY`): tests/charts/test_router_discovery.py
+  checks them in a scrape of the real router.
 - `cluster`: kube-state-metrics. They cannot exist in a local scrape, so they form the only
   allow-list the live-scrape test exempts (`CLUSTER_ONLY`).
 
@@ -30,6 +34,7 @@ class Kind(str, enum.Enum):
 class Source(str, enum.Enum):
     VLLM = "vllm"
     SIDECAR = "sidecar"
+    ROUTER = "router"
     CLUSTER = "cluster"
 
 
@@ -66,6 +71,10 @@ def _vllm(name: str, kind: Kind, help: str) -> Metric:
 
 def _sidecar(name: str, kind: Kind, help: str) -> Metric:
     return Metric(name, kind, Source.SIDECAR, help)
+
+
+def _router(name: str, kind: Kind, help: str) -> Metric:
+    return Metric(name, kind, Source.ROUTER, help)
 
 
 C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
@@ -156,6 +165,36 @@ LORA_ADAPTER_LOADED = _sidecar(
     "Per configured LoRA adapter (`adapter`): 1 served and warmed, 0 not served by vLLM.",
 )
 
+# --- vLLM's router (vllm-router 0.1.17) ----------------------------------------------------
+ROUTER_REQUESTS = _router(
+    "vllm_router_processed_requests_total", C, "Requests the router sent to each `worker`."
+)
+ROUTER_PREFIX_DECISIONS = _router(
+    "vllm_router_prefix_routing_decisions_total",
+    C,
+    "cache_aware's choices by `outcome`: prefix_hit, prefix_miss, load_imbalance (the least "
+    "loaded replica instead), missing_tokens (no token ids to match).",
+)
+ROUTER_RETRIES = _router("vllm_router_retries_total", C, "Retries of a request, by `route`.")
+ROUTER_RETRIES_EXHAUSTED = _router(
+    "vllm_router_retries_exhausted_total", C, "Requests that failed after every try."
+)
+ROUTER_ERRORS = _router(
+    "vllm_router_request_errors_total", C, "Failed requests by `route` and `error_type`."
+)
+ROUTER_CB_STATE = _router(
+    "vllm_router_cb_state", G, "Circuit breaker per `worker`: 0 closed, 1 open, 2 half open."
+)
+ROUTER_CB_TRANSITIONS = _router(
+    "vllm_router_cb_state_transitions_total", C, "Breaker transitions by `worker`, `from`, `to`."
+)
+ROUTER_WORKER_HEALTH = _router(
+    "vllm_router_worker_health", G, "The router's health check of `worker`: 1 healthy, 0 not."
+)
+ROUTER_ACTIVE_WORKERS = _router(
+    "vllm_router_active_workers", G, "Replicas the router currently routes to."
+)
+
 # --- cluster-only (kube-state-metrics) --------------------------------------------------------
 RESTARTS = Metric(
     "kube_pod_container_status_restarts_total", C, Source.CLUSTER, "Container restarts."
@@ -210,6 +249,11 @@ LORA_ONLY: frozenset[str] = frozenset(
 # run's recorded counters instead.
 OFFLOAD_ONLY: frozenset[str] = frozenset(
     n for m in (KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_BYTES) for n in m.series_names
+)
+
+# The router's names: absent from the vLLM live scrape, checked in the router's own.
+ROUTER_ONLY: frozenset[str] = frozenset(
+    n for m in ALL if m.source is Source.ROUTER for n in m.series_names
 )
 
 KNOWN_SERIES: frozenset[str] = frozenset(n for m in ALL for n in m.series_names)

@@ -1,6 +1,7 @@
-"""The two Grafana dashboards: Serving (vLLM's own metrics) and Fleet & rollout (sidecar and
-kube-state-metrics). Every query goes through `promql`, thresholds come from `AlertParams`, so
-the red lines on the panels are the alert thresholds."""
+"""The Grafana dashboards: Serving (vLLM's own metrics), Fleet & rollout (sidecar and
+kube-state-metrics) and Router (vLLM's router, router.enabled). Every query goes through
+`promql`, thresholds come from `AlertParams`, so the red lines on the panels are the alert
+thresholds."""
 
 from __future__ import annotations
 
@@ -483,5 +484,131 @@ def fleet(params: AlertParams) -> Dashboard:
     )
 
 
+# The router pods: the chart's `<release>-router-...` (its router's own Prometheus port).
+ROUTER = 'namespace=~"$namespace", pod=~"$router"'
+
+
+def _router_traffic() -> Row:
+    hits = agg("sum", (), rate(m.ROUTER_PREFIX_DECISIONS, ROUTER, W, 'outcome="prefix_hit"'))
+    all_decisions = agg("sum", (), rate(m.ROUTER_PREFIX_DECISIONS, ROUTER, W))
+    return Row(
+        "Routing",
+        (
+            Panel(
+                "Requests per replica",
+                "Requests the routers sent to each serving pod (`worker` is its URL): with "
+                "cache_aware an uneven split is expected while prefixes differ.",
+                (
+                    Target(
+                        agg("sum", ("worker",), rate(m.ROUTER_REQUESTS, ROUTER, W)), "{{worker}}"
+                    ),
+                ),
+                unit="reqps",
+                stack=True,
+            ),
+            Panel(
+                "Prefix-cache routing hit rate",
+                "Share of cache_aware's choices that sent a request to the replica holding its "
+                "prompt's prefix (prefix_hit of all decisions); vLLM's own prefix-cache hit "
+                "rate is on the Serving dashboard.",
+                (Target(f"{hits}\n/\n{all_decisions}", "hit rate"),),
+                unit="percentunit",
+                max=1,
+            ),
+            Panel(
+                "cache_aware decisions by outcome",
+                "prefix_hit, prefix_miss, load_imbalance (the load was too uneven: least "
+                "loaded replica), missing_tokens (no token ids to match).",
+                (
+                    Target(
+                        agg("sum", ("outcome",), rate(m.ROUTER_PREFIX_DECISIONS, ROUTER, W)),
+                        "{{outcome}}",
+                    ),
+                ),
+                unit="reqps",
+                stack=True,
+            ),
+        ),
+    )
+
+
+def _router_health() -> Row:
+    return Row(
+        "Replica health, retries, breakers",
+        (
+            Panel(
+                "Retries",
+                "Tries again after a connection error or a 5xx (router.retries), and "
+                "requests that failed after every try.",
+                (
+                    Target(agg("sum", ("route",), rate(m.ROUTER_RETRIES, ROUTER, W)), "{{route}}"),
+                    Target(
+                        agg("sum", ("route",), rate(m.ROUTER_RETRIES_EXHAUSTED, ROUTER, W)),
+                        "exhausted {{route}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Circuit breaker state",
+                "Per replica: 0 closed, 1 open (ejected: gets nothing until the breaker's "
+                "timeout, MiniStreamRouterWorkerEjected), 2 half open (a trial request).",
+                (Target(agg("max", ("worker",), sel(m.ROUTER_CB_STATE, ROUTER)), "{{worker}}"),),
+                max=2,
+            ),
+            Panel(
+                "Replica health and count",
+                "The routers' /health check of each replica (1 healthy) and how many "
+                "replicas each router routes to (Ready pods it discovered).",
+                (
+                    Target(
+                        agg("min", ("worker",), sel(m.ROUTER_WORKER_HEALTH, ROUTER)),
+                        "healthy {{worker}}",
+                    ),
+                    Target(
+                        agg("max", ("pod",), sel(m.ROUTER_ACTIVE_WORKERS, ROUTER)),
+                        "replicas seen by {{pod}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Failed requests by error type",
+                "Requests the router answered with an error, by `error_type` "
+                "(no_available_workers: nothing to route to).",
+                (
+                    Target(
+                        agg("sum", ("error_type",), rate(m.ROUTER_ERRORS, ROUTER, W)),
+                        "{{error_type}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+        ),
+    )
+
+
+def router(params: AlertParams) -> Dashboard:
+    return Dashboard(
+        uid="ministream-router",
+        title="MiniStream / Router",
+        description="vLLM's router (router.enabled): requests per replica, cache_aware's hit "
+        "rate, retries, circuit breakers and the health of each replica, from the router's "
+        "vllm_router_* metrics. Generated by `python -m ministream_observability`; edit the "
+        "generator, not this file.",
+        variables=(
+            Variable(
+                "namespace", "Namespace", f"label_values({m.ROUTER_ACTIVE_WORKERS}, namespace)"
+            ),
+            Variable(
+                "router",
+                "Router pod",
+                f'label_values({m.ROUTER_ACTIVE_WORKERS}{{namespace=~"$namespace"}}, pod)',
+            ),
+        ),
+        rows=(_router_traffic(), _router_health()),
+        links=LINKS,
+    )
+
+
 def all_dashboards(params: AlertParams) -> tuple[Dashboard, ...]:
-    return serving(params), fleet(params)
+    return serving(params), fleet(params), router(params)

@@ -14,7 +14,7 @@ from .catalog import Kind, Metric
 
 # Grafana variables the dashboards use, and what the checks put in their place (a regex
 # matching everything for label filters, windows Prometheus accepts for the intervals).
-GRAFANA_LABEL_VARIABLES = ("namespace", "model", "pod")
+GRAFANA_LABEL_VARIABLES = ("namespace", "model", "pod", "router")
 
 
 def matchers(*parts: str) -> str:

@@ -170,7 +170,9 @@ def render_dashboards(
     minutes: float = 10.0,
     end: float | None = None,
     rate_interval: str = "15s",
+    only: tuple[str, ...] | None = None,
 ) -> list[Path]:
+    """The dashboards as PNG images (`only`: those uids; default all)."""
     end = time.time() if end is None else end
     start = end - minutes * 60
     return [
@@ -183,4 +185,5 @@ def render_dashboards(
             rate_interval=rate_interval,
         )
         for d in all_dashboards(params)
+        if only is None or d.uid in only
     ]

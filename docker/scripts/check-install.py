@@ -10,8 +10,12 @@
                                           CLI: the chart's multi-node pods run `ray start`)
     check-install.py sidecar              the sidecar and its console script are there, and
                                           neither torch nor vLLM is importable
+    check-install.py router REQUIREMENTS  vllm-router at the versions the requirements file
+                                          pins (the `router` extra), its `vllm-router` script
+                                          answers --help; nothing of the project, no torch,
+                                          no vLLM
 
-Both roles also fail when a development package (load tests, test oracles, the dashboard
+Every role also fails when a development package (load tests, test oracles, the dashboard
 generator; docs/packaging.md) is importable: the images carry the runtime packages only.
 
 Run as the last step of each Dockerfile (`make images` builds them in CI) and, outside an
@@ -131,15 +135,46 @@ def check_sidecar() -> list[str]:
     return problems + _check_no_dev_packages()
 
 
+def check_router(requirements: Path) -> list[str]:
+    problems = []
+    for line in requirements.read_text().split():
+        name, _, pinned = line.partition("==")
+        try:
+            found = version(name)
+        except PackageNotFoundError:
+            found = None
+        if found != pinned:
+            problems.append(f"{name} {found} installed, {line} required (pyproject's router extra)")
+    script = _script("vllm-router")
+    if script is None:
+        problems.append("the `vllm-router` console script is missing (the image's entrypoint)")
+    else:
+        proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0 or "--service-discovery" not in proc.stdout:
+            problems.append(f"`vllm-router --help` failed: {proc.stderr[-500:]}")
+    for other in ("torch", "vllm", "ministream", "ministream_sidecar"):
+        if _importable(other):
+            problems.append(f"{other} is importable: the router image holds the router only")
+    return problems + _check_no_dev_packages()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("role", choices=["serving", "sidecar"])
+    parser.add_argument("role", choices=["serving", "sidecar", "router"])
+    parser.add_argument(
+        "requirements", nargs="?", type=Path, help="router: the pinned requirements file"
+    )
     parser.add_argument("--engine", action="store_true", help="serving: check vLLM too")
     parser.add_argument("--multinode", action="store_true", help="serving: check Ray too")
     args = parser.parse_args(argv)
-    problems = (
-        check_serving(args.engine, args.multinode) if args.role == "serving" else check_sidecar()
-    )
+    if args.role == "router" and args.requirements is None:
+        parser.error("router: name the requirements file it was installed from")
+    if args.role == "serving":
+        problems = check_serving(args.engine, args.multinode)
+    elif args.role == "sidecar":
+        problems = check_sidecar()
+    else:
+        problems = check_router(args.requirements)
     for problem in problems:
         print(f"check-install {args.role}: {problem}", file=sys.stderr)
     if not problems:

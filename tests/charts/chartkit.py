@@ -65,8 +65,14 @@ class Rendered:
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [d for d in self.docs if d["kind"] == kind]
 
+    def serving(self, kind: str) -> list[dict[str, Any]]:
+        """The objects of a kind that serve the model: the router's own (router.enabled,
+        tests/charts/test_chart_router.py) aside."""
+        return [d for d in self.of_kind(kind) if not _is_router(d)]
+
     def one(self, kind: str) -> dict[str, Any]:
-        found = self.of_kind(kind)
+        """The one object of a kind, the router's own (router.enabled) aside."""
+        found = self.serving(kind)
         assert len(found) == 1, f"expected one {kind}, got {len(found)}"
         return found[0]
 
@@ -75,8 +81,12 @@ class Rendered:
 
     def workload(self) -> dict[str, Any]:
         """The serving workload: the Deployment, or the LeaderWorkerSet of a release whose
-        replica spans several nodes (docs/multinode.md)."""
-        found = self.of_kind("Deployment") + self.of_kind("LeaderWorkerSet")
+        replica spans several nodes (docs/multinode.md); never the router's Deployment."""
+        found = [
+            d
+            for d in self.of_kind("Deployment") + self.of_kind("LeaderWorkerSet")
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"
+        ]
         assert len(found) == 1, f"expected one serving workload, got {len(found)}"
         return found[0]
 
@@ -89,6 +99,11 @@ class Rendered:
             return template
         lwt = workload["spec"]["leaderWorkerTemplate"]
         return lwt["leaderTemplate"] if role == "leader" else lwt["workerTemplate"]
+
+
+def _is_router(doc: dict[str, Any]) -> bool:
+    labels = doc["metadata"].get("labels") or {}
+    return bool(labels.get("app.kubernetes.io/component") == "router")
 
 
 class HelmError(Exception):

@@ -533,7 +533,7 @@ def test_service_pdb_and_selectors(rendered: Rendered) -> None:
     ports = {p["name"]: p for p in service["spec"]["ports"]}
     assert ports["http"]["port"] == 8000 and ports["http"]["targetPort"] == "http"
     assert ports["sidecar"]["port"] == 8081 and ports["sidecar"]["targetPort"] == 8081
-    for pdb in rendered.of_kind("PodDisruptionBudget"):
+    for pdb in rendered.serving("PodDisruptionBudget"):
         assert pdb["spec"]["selector"]["matchLabels"] == selector
     # Other pods of the release (shard Job, test) must not count as serving pods.
     for spec_owner in rendered.of_kind("Job") + rendered.of_kind("Pod"):
@@ -556,7 +556,7 @@ def test_names_fit_63_characters(scenario: Path) -> None:
 
 
 def test_network_policy(rendered: Rendered, values: dict) -> None:
-    policies = rendered.of_kind("NetworkPolicy")
+    policies = rendered.serving("NetworkPolicy")
     assert bool(policies) == values["networkPolicy"]["enabled"]
     if rendered.of_kind("LeaderWorkerSet"):
         pytest.skip("multi-node policy (group ports): test_chart_multinode.py")
@@ -579,9 +579,9 @@ def test_monitoring_switches(rendered: Rendered, values: dict) -> None:
 
 
 def test_monitors_scrape_vllm_and_sidecar(rendered: Rendered) -> None:
-    service = rendered.of_kind("Service")[0]
+    service = rendered.one("Service")
     service_ports = {p["name"] for p in service["spec"]["ports"]}
-    for sm in rendered.of_kind("ServiceMonitor"):
+    for sm in rendered.serving("ServiceMonitor"):
         assert (
             sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
         )
@@ -596,7 +596,12 @@ def test_monitors_scrape_vllm_and_sidecar(rendered: Rendered) -> None:
 def test_dashboards_configmap_holds_every_dashboard(rendered: Rendered) -> None:
     for cm in rendered.of_kind("ConfigMap"):
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-        files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+        # The router's dashboard only where the router runs (router.enabled).
+        files = sorted(
+            p.name
+            for p in (CHART / "dashboards").glob("*.json")
+            if p.name != "ministream-router.json"
+        )
         assert sorted(cm["data"]) == files
         for name, text in cm["data"].items():
             assert json.loads(text)["title"], name

@@ -557,7 +557,7 @@ def scraped_ports(rendered: Rendered) -> set[int]:
     }
     service = {p["name"]: p["targetPort"] for p in rendered.one("Service")["spec"]["ports"]}
     out: set[int] = set()
-    for sm in rendered.of_kind("ServiceMonitor"):
+    for sm in rendered.serving("ServiceMonitor"):
         for e in sm["spec"]["endpoints"]:
             target = service[e["port"]]
             out.add(named[target] if isinstance(target, str) else target)
@@ -581,7 +581,7 @@ def scraper(values: dict[str, Any]) -> Peer:
 def test_scraper_reaches_every_scraped_port(rendered: Rendered, values: dict[str, Any]) -> None:
     """Every values file: where a NetworkPolicy and a monitor are both on, the scraper named
     in networkPolicy.metricsFrom may open every port the monitors scrape."""
-    policies = rendered.of_kind("NetworkPolicy")
+    policies = rendered.serving("NetworkPolicy")
     ports = scraped_ports(rendered)
     if not policies or not ports:
         return

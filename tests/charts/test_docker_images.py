@@ -55,11 +55,12 @@ def _search(pattern: str, text: str) -> str:
 # ---------------------------------------------------------------- static checks
 
 
-def test_the_three_images_exist() -> None:
+def test_the_four_images_exist() -> None:
     assert {p.name for p in DOCKERFILES} == {
         "Dockerfile.serving",
         "Dockerfile.cpu",
         "Dockerfile.sidecar",
+        "Dockerfile.router",
     }
 
 
@@ -222,3 +223,20 @@ def test_check_install_refuses_torch_in_the_sidecar() -> None:
         timeout=120,
     )
     assert proc.returncode == 1 and "torch is importable" in proc.stderr
+
+
+def test_check_install_router_refuses_another_version_and_the_project(tmp_path: Path) -> None:
+    """This environment has vllm-router (the `router` extra) and the project: a pin of another
+    version and the project's packages must both be named."""
+    requirements = tmp_path / "router-requirements.txt"
+    requirements.write_text("vllm-router==0.0.1\n")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "check-install.py"), "router", str(requirements)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "vllm-router==0.0.1 required" in proc.stderr
+    assert "ministream is importable" in proc.stderr
+    assert "--help` failed" not in proc.stderr  # the wheel's launcher itself answers

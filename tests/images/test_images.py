@@ -1,8 +1,8 @@
 """The images built for real (`make images`: buildah, a base bootstrapped from Debian packages
 where python:3.12-slim-bookworm cannot be pulled) and checked from the inside: sizes within
 their budgets, the chart's non-root user, no compiler, build leftovers or pip cache, a sidecar
-image without torch, vLLM or the Kubernetes client, and the CPU image able to run the chart's
-preStop client.
+image without torch, vLLM or the Kubernetes client, a router image with the pinned vllm-router
+and nothing of the project, and the CPU image able to run the chart's preStop client.
 
 In CI (`make test`), whose budget these fit (docs/images.md: ~10 min cold, ~1 min with the
 layer cache): marked `images` and `root`; without root they are skipped with that reason.
@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 from imagekit import ROOT, podman, run_in
 
@@ -43,9 +44,10 @@ def test_image_names_are_the_charts_defaults(images_script: ModuleType) -> None:
     names = images_script.images()
     assert names["cpu"].tag == f"{values['image']['cpuRepository']}:{version}"
     assert names["sidecar"].tag == f"{values['sidecar']['image']['repository']}:{version}"
+    assert names["router"].tag == f"{values['router']['image']['repository']}:{version}"
 
 
-@pytest.mark.parametrize("key", ["sidecar", "cpu"])
+@pytest.mark.parametrize("key", ["sidecar", "router", "cpu"])
 def test_size_within_budget(
     built_images: dict[str, Any], images_script: ModuleType, key: str
 ) -> None:
@@ -60,7 +62,7 @@ def test_budgets_are_the_documented_ones(images_script: ModuleType) -> None:
         assert re.search(rf"\| `{key}` .*\| ≤ {budget} MB \|", doc), f"docs/images.md: {key}"
 
 
-@pytest.mark.parametrize("key", ["sidecar", "cpu", "serving"])
+@pytest.mark.parametrize("key", ["sidecar", "router", "cpu", "serving"])
 def test_runs_as_the_charts_non_root_user(built_images: dict[str, Any], key: str) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     uid = values["podSecurityContext"]["runAsUser"]
@@ -72,7 +74,7 @@ def test_runs_as_the_charts_non_root_user(built_images: dict[str, Any], key: str
     assert proc.stdout.split() == [str(uid), str(uid), "/tmp"]
 
 
-@pytest.mark.parametrize("key", ["sidecar", "cpu", "serving"])
+@pytest.mark.parametrize("key", ["sidecar", "router", "cpu", "serving"])
 def test_no_compiler_build_leftovers_or_pip_cache(built_images: dict[str, Any], key: str) -> None:
     tag = _tag(built_images, key)
     found = run_in(tag, f"for c in {' '.join(COMPILERS)}; do command -v $c; done; true")
@@ -106,6 +108,7 @@ print(missing, total)
     ("key", "packages"),
     [
         ("sidecar", "ministream_sidecar fastapi pydantic"),
+        ("router", "vllm_router aiohttp"),
         ("cpu", "ministream ministream_sidecar vllm transformers"),
         ("serving", "ministream ministream_sidecar"),
     ],
@@ -132,6 +135,25 @@ def test_sidecar_image_has_no_engine_and_no_kubernetes_client(built_images: dict
     assert run_in(_tag(built_images, "sidecar"), "ministream-sidecar --help").returncode == 0
 
 
+def test_router_image_has_the_pinned_router_and_nothing_of_the_project(
+    built_images: dict[str, Any],
+) -> None:
+    """The version is the `router` extra's pin in pyproject.toml (its one place)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (pin,) = extras["optional-dependencies"]["router"]
+    tag = _tag(built_images, "router")
+    proc = run_in(
+        tag,
+        "python3 -c 'import importlib.metadata as m, importlib.util as u; "
+        'print(m.version("vllm-router"), [n for n in ("torch", "vllm", "ministream", '
+        '"ministream_sidecar") if u.find_spec(n)])\'',
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [pin.split("==")[1], "[]"]
+    entrypoint = podman("image", "inspect", "--format", "{{json .Config.Entrypoint}}", tag)
+    assert entrypoint.stdout.strip() == '["vllm-router"]'
+
+
 @pytest.mark.parametrize("key", ["cpu", "serving"])
 def test_serving_image_runs_the_prestop_client(built_images: dict[str, Any], key: str) -> None:
     """The chart's preStop hook is `python3 -m ministream_sidecar.client drain ...`, run with
@@ -142,7 +164,7 @@ def test_serving_image_runs_the_prestop_client(built_images: dict[str, Any], key
 
 
 def test_dev_packages_stay_out(built_images: dict[str, Any]) -> None:
-    for key in ("cpu", "sidecar", "serving"):
+    for key in ("cpu", "sidecar", "router", "serving"):
         proc = run_in(
             _tag(built_images, key),
             'python3 -c \'import importlib.util as u; print([m for m in ("ministream_loadtest",'
@@ -153,7 +175,7 @@ def test_dev_packages_stay_out(built_images: dict[str, Any]) -> None:
 
 def test_no_host_configuration_in_the_images(built_images: dict[str, Any]) -> None:
     """The host's pip configuration was mounted into RUN steps only (scripts/images.py)."""
-    for key in ("cpu", "sidecar", "serving"):
+    for key in ("cpu", "sidecar", "router", "serving"):
         proc = run_in(
             _tag(built_images, key),
             "ls /etc/pip.conf /etc/xdg/pip /run/ministream-host-pip 2>/dev/null; true",

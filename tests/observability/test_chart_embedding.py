@@ -12,7 +12,12 @@ import pytest
 import yaml
 from promkit import ROOT, promtool
 
-from ministream_observability.alerts import ALL_DEPLOYMENTS, ALL_NAMESPACES, ALL_STATEFULSETS
+from ministream_observability.alerts import (
+    ALL_DEPLOYMENTS,
+    ALL_NAMESPACES,
+    ALL_ROUTERS,
+    ALL_STATEFULSETS,
+)
 from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
 from ministream_testkit.helm import helm_path
 
@@ -20,6 +25,7 @@ CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "local-tp1-values.yaml"
 MULTINODE = CHART / "ci" / "multinode-2x8-values.yaml"
 SELECTOR = 'namespace="serving", pod=~"ms-ministream-[a-z0-9]+-[a-z0-9]+"'
+ROUTER_SELECTOR = 'namespace="serving", pod=~"ms-ministream-router-[a-z0-9]+-[a-z0-9]+"'
 
 
 def _render(*sets: str, values: Path = VALUES) -> list[dict[str, Any]]:
@@ -33,14 +39,36 @@ def _render(*sets: str, values: Path = VALUES) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
-    return _render("monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true")
+    return _render(
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboards.enabled=true",
+        "router.enabled=true",
+    )
+
+
+def test_router_alerts_and_dashboard_only_with_the_router() -> None:
+    off = _render("monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true")
+    (rule,) = [d for d in off if d["kind"] == "PrometheusRule"]
+    groups = {g["name"] for g in rule["spec"]["groups"]}
+    assert "ministream.router" not in groups and "ministream.serving" in groups
+    (cm,) = [
+        d
+        for d in off
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]
+    ]
+    assert set(cm["data"]) == {"ministream-serving.json", "ministream-fleet.json"}
 
 
 def test_prometheus_rule_embeds_the_rule_file_for_this_release(
     rendered: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     (rule,) = [d for d in rendered if d["kind"] == "PrometheusRule"]
-    (deployment,) = [d for d in rendered if d["kind"] == "Deployment"]
+    (deployment,) = [
+        d
+        for d in rendered
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] != "router"
+    ]
     plain = yaml.safe_load((ROOT / RULES_FILE).read_text())["groups"]
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
     for group in plain:
@@ -48,11 +76,15 @@ def test_prometheus_rule_embeds_the_rule_file_for_this_release(
         assert len(shipped) == len(group["rules"])
         for mine, theirs in zip(group["rules"], shipped, strict=True):
             # Same rule, the all-namespaces matcher replaced by the release's selector (the
-            # workload-level ones by its Deployment's name); Prometheus templates in the
-            # annotations untouched (no `tpl`).
-            workloads = mine["expr"].replace(
-                ALL_DEPLOYMENTS,
-                f'namespace="serving", deployment="{deployment["metadata"]["name"]}"',
+            # workload-level ones by its Deployment's name, the router's alerts by its router
+            # pods); Prometheus templates in the annotations untouched (no `tpl`).
+            workloads = (
+                mine["expr"]
+                .replace(
+                    ALL_DEPLOYMENTS,
+                    f'namespace="serving", deployment="{deployment["metadata"]["name"]}"',
+                )
+                .replace(ALL_ROUTERS, ROUTER_SELECTOR)
             )
             if ALL_STATEFULSETS in workloads:  # the LeaderWorkerSet rule: its own test below
                 continue
@@ -101,7 +133,11 @@ def test_dashboard_configmap_carries_the_generated_dashboards(
     ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     files = {p.name: p.read_text() for p in (ROOT / DASHBOARD_DIR).glob("*.json")}
-    assert set(files) == {"ministream-serving.json", "ministream-fleet.json"}
+    assert set(files) == {
+        "ministream-serving.json",
+        "ministream-fleet.json",
+        "ministream-router.json",
+    }
     assert cm["data"] == files
 
 

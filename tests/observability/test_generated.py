@@ -169,7 +169,7 @@ def test_prefix_cache_hit_rate_is_a_ratio_of_rates() -> None:
 
 
 def test_serving_dashboard_covers_the_issue() -> None:
-    serving, fleet = all_dashboards(PARAMS)
+    serving, fleet, _ = all_dashboards(PARAMS)
     exprs = "\n".join(t.expr for p in serving.panels() for t in p.targets)
     for name in (
         "vllm:time_to_first_token_seconds_bucket",
@@ -197,6 +197,24 @@ def test_serving_dashboard_covers_the_issue() -> None:
         "ministream_upstream_health_failures_total",
     ):
         assert name in fleet_exprs, name
+
+
+def test_router_dashboard_covers_the_issue() -> None:
+    """Requests per replica, cache hit rate, retries, circuit breakers, replica health: from
+    vllm-router's own metric names (checked live in tests/charts/test_router_discovery.py)."""
+    (router,) = [d for d in all_dashboards(PARAMS) if d.uid == "ministream-router"]
+    panels = {p.title: "\n".join(t.expr for t in p.targets) for p in router.panels()}
+    assert (
+        "sum by (worker) (rate(vllm_router_processed_requests_total"
+        in panels["Requests per replica"]
+    )
+    hits, decisions = panels["Prefix-cache routing hit rate"].split("\n/\n")
+    assert 'outcome="prefix_hit"' in hits and "outcome" not in decisions
+    assert "vllm_router_retries_total" in panels["Retries"]
+    assert "vllm_router_retries_exhausted_total" in panels["Retries"]
+    assert "vllm_router_cb_state{" in panels["Circuit breaker state"]
+    assert "vllm_router_worker_health{" in panels["Replica health and count"]
+    assert {v.name for v in router.variables} == {"namespace", "router"}
 
 
 # ------------------------------------------------------------------ dashboard JSON
@@ -253,6 +271,9 @@ def test_rule_file_is_plain_prometheus_format() -> None:
         "MiniStreamRequestErrors",
         "MiniStreamDrainTimingOut",
         "MiniStreamRolloutStalled",
+        "MiniStreamRouterWorkerEjected",
+        "MiniStreamRouterWorkerUnhealthy",
+        "MiniStreamRouterNoWorkers",
     }
 
 

@@ -1,0 +1,77 @@
+{{/*
+vLLM's router (vllm-router) in front of the serving pods, with router.enabled. It finds the
+serving pods itself through the Kubernetes API: a watch on the pods of the release's namespace
+that carry the serving pods' selector labels (ministream.serverSelectorLabels, the one source:
+the Deployment's pods, or a LeaderWorkerSet's leaders, the only pods labelled component=server).
+*/}}
+
+{{/* The router's API port (its Service port is service.port) and its Prometheus port. */}}
+{{- define "ministream.routerPort" -}}8000{{- end -}}
+{{- define "ministream.routerMetricsPort" -}}29000{{- end -}}
+
+{{- define "ministream.routerName" -}}
+{{- include "ministream.componentName" (dict "ctx" . "suffix" "router") -}}
+{{- end -}}
+
+{{- define "ministream.routerSelectorLabels" -}}
+{{ include "ministream.selectorLabels" . }}
+app.kubernetes.io/component: router
+{{- end -}}
+
+{{- define "ministream.routerImage" -}}
+{{- include "ministream.imageRef" (dict "repository" .Values.router.image.repository "image" .Values.router.image "appVersion" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* `--selector` of vllm-router: "key=value" words, from the serving pods' own selector labels. */}}
+{{- define "ministream.routerSelectorArgs" -}}
+{{- $labels := include "ministream.serverSelectorLabels" . | fromYaml -}}
+{{- range $key := keys $labels | sortAlpha }}
+- {{ printf "%s=%s" $key (get $labels $key) | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* The router container's arguments (the image's entrypoint is vllm-router). */}}
+{{- define "ministream.routerArgs" -}}
+{{- $r := .Values.router -}}
+- --host
+- "0.0.0.0"
+- --port
+- {{ include "ministream.routerPort" . | quote }}
+- --policy
+- {{ $r.policy | quote }}
+- --service-discovery
+- --service-discovery-namespace
+- {{ .Release.Namespace | quote }}
+- --service-discovery-port
+- {{ include "ministream.vllmPort" . | quote }}
+- --selector
+{{- include "ministream.routerSelectorArgs" . }}
+- --prometheus-host
+- "0.0.0.0"
+- --prometheus-port
+- {{ include "ministream.routerMetricsPort" . | quote }}
+- --request-timeout-secs
+- {{ int $r.requestTimeoutSeconds | quote }}
+- --health-check-endpoint
+- /health
+- --health-check-interval-secs
+- {{ int $r.healthCheck.intervalSeconds | quote }}
+- --health-failure-threshold
+- {{ int $r.healthCheck.failureThreshold | quote }}
+- --retry-max-retries
+- {{ int $r.retries.maxRetries | quote }}
+- --cb-failure-threshold
+- {{ int $r.circuitBreaker.failureThreshold | quote }}
+- --cb-timeout-duration-secs
+- {{ int $r.circuitBreaker.timeoutSeconds | quote }}
+{{- if .Values.apiKey.enabled }}
+# The router forwards each client's own Authorization header to vLLM, which checks it
+# (VLLM_API_KEY); this key is what the router itself sends to the replicas. Kubernetes
+# expands $(VLLM_API_KEY) from the Secret-backed variable below.
+- --api-key
+- $(VLLM_API_KEY)
+{{- end }}
+{{- range $r.extraArgs }}
+- {{ toString . | quote }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,311 @@
+"""How the real vllm-router (the installed wheel, the chart's own command line) treats the
+serving pods it discovers: the drain in docs/fleet.md relies on it dropping a pod as soon as
+the pod is deleted or stops being Ready, while the request it already sent finishes. And the
+router's metrics that the Router dashboard and alerts read (ministream_observability's
+catalog) are the names it really exports.
+
+No Kubernetes API server runs here, so a stand-in serves the one thing the router asks of it
+(a LIST and a WATCH of the namespace's pods) and a stand-in replica answers /health and
+completions; the router, its discovery, its command line and its /workers are the real ones.
+The pod's labels are the rendered serving pod's, the selector the rendered router's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chartkit import CHART, NAMESPACE, render
+
+from ministream_observability import catalog
+from ministream_testkit.net import free_port
+from ministream_testkit.waiting import wait_until
+
+ROUTER = CHART / "ci" / "router-values.yaml"
+# The wheel's launcher, beside this interpreter (the project's `router` extra).
+VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
+
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm_router") is None or not VLLM_ROUTER.exists(),
+        reason="vllm-router is not installed (the project's `router` extra)",
+    ),
+]
+
+SLOW_PROMPT = "slow"  # the stand-in replica holds this completion until released
+
+
+@dataclass
+class Cluster:
+    """The stand-in API server's one pod, and the stand-in replica behind it."""
+
+    labels: dict[str, str]
+    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    version: int = 100
+    release: threading.Event = field(default_factory=threading.Event)
+    arrived: threading.Event = field(default_factory=threading.Event)
+    failing: threading.Event = field(default_factory=threading.Event)  # the replica answers 500
+
+    def pod(self, *, ready: bool, deleting: bool = False) -> dict[str, Any]:
+        self.version += 1
+        meta: dict[str, Any] = {
+            "name": "ministream-0",
+            "namespace": NAMESPACE,
+            "uid": "0",
+            "resourceVersion": str(self.version),
+            "labels": self.labels,
+        }
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        condition = {"type": "Ready", "status": "True" if ready else "False"}
+        status = {"phase": "Running", "podIP": "127.0.0.1", "conditions": [condition]}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
+
+    def modify(self, **state: bool) -> None:
+        self.events.put({"type": "MODIFIED", "object": self.pod(**state)})
+
+
+def _api_handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
+    class Api(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if "watch=true" not in self.path:
+                items = [cluster.pod(ready=True)]
+                rv = {"resourceVersion": str(cluster.version)}
+                body = json.dumps({"kind": "PodList", "metadata": rv, "items": items}).encode()
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            # A watch: one JSON event per chunk, for as long as the router keeps it open.
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while True:
+                try:
+                    event = cluster.events.get(timeout=1)
+                except queue.Empty:
+                    continue
+                line = (json.dumps(event) + "\n").encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+
+    return Api
+
+
+def _replica_handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
+    class Replica(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _json(self, obj: object) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _fail(self) -> bool:
+            if cluster.failing.is_set():
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            return cluster.failing.is_set()
+
+        def do_GET(self) -> None:  # /health, /v1/models
+            if self._fail():
+                return
+            self._json({"object": "list", "data": [{"id": "ministream", "object": "model"}]})
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self._fail():
+                return
+            if self.path == "/v1/completions" and SLOW_PROMPT.encode() in body:
+                cluster.arrived.set()
+                cluster.release.wait(timeout=60)
+            choice = {"index": 0, "text": " ok", "finish_reason": "stop"}
+            self._json({"id": "c", "object": "text_completion", "choices": [choice]})
+
+    return Replica
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def _local(args: list[str], **values: str) -> list[str]:
+    """The rendered arguments with the given flags' values replaced (loopback ports)."""
+    out = list(args)
+    for name, value in values.items():
+        out[out.index(name) + 1] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Routed:
+    cluster: Cluster
+    url: str  # the router's API
+    metrics: str  # its Prometheus exposition
+    liveness: str  # the rendered probes' URLs
+    readiness: str
+
+
+@pytest.fixture()
+def routed(tmp_path: Path) -> Iterator[Routed]:
+    out = render(ROUTER)
+    (router,) = [
+        d
+        for d in out.of_kind("Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "router"
+    ]
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    cluster = Cluster(labels=out.pod_template()["metadata"]["labels"])
+    api, api_port = _serve(_api_handler(cluster))
+    replica, replica_port = _serve(_replica_handler(cluster))
+    port, metrics_port = free_port(), free_port()
+    args = _local(
+        [a for a in container["args"] if "$(" not in a and a != "--api-key"],
+        **{
+            "--host": "127.0.0.1",
+            "--port": str(port),
+            "--prometheus-host": "127.0.0.1",
+            "--prometheus-port": str(metrics_port),
+            "--service-discovery-port": str(replica_port),
+            # The chart's 10 s, shortened so a failing replica is marked within seconds.
+            "--health-check-interval-secs": "1",
+        },
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{api_port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    log = (tmp_path / "router.log").open("wb")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    proc = subprocess.Popen(
+        [str(VLLM_ROUTER), *args], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        yield Routed(
+            cluster,
+            url,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            url + container["livenessProbe"]["httpGet"]["path"],
+            url + container["readinessProbe"]["httpGet"]["path"],
+        )
+    finally:
+        cluster.release.set()
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        api.shutdown()
+        replica.shutdown()
+
+
+def workers(url: str) -> list[str]:
+    try:
+        listed = httpx.get(f"{url}/workers", timeout=5).json()
+    except httpx.HTTPError:
+        return []
+    return [w["url"] if isinstance(w, dict) else w for w in listed["workers"]]
+
+
+def complete(url: str, prompt: str = "hello") -> int:
+    body = {"model": "ministream", "prompt": prompt, "max_tokens": 1}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=90).status_code
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"ready": False}, {"ready": True, "deleting": True}],
+    ids=["not-ready", "terminating"],
+)
+def test_router_drops_a_pod_that_stops_being_ready_or_is_deleted(
+    routed: Routed, change: dict[str, bool]
+) -> None:
+    cluster, url = routed.cluster, routed.url
+    wait_until(lambda: workers(url), 60, what="the router to discover the Ready pod")
+    assert complete(url) == 200
+    assert httpx.get(routed.readiness, timeout=5).status_code == 200
+    # A request in flight when the pod goes: the drain lets it finish.
+    results: list[int] = []
+    inflight = threading.Thread(target=lambda: results.append(complete(url, SLOW_PROMPT)))
+    inflight.start()
+    assert cluster.arrived.wait(timeout=60), "the slow request never reached the replica"
+    cluster.modify(**change)
+    wait_until(lambda: not workers(url), 30, what=f"the router to drop the pod ({change})")
+    # Nothing new reaches it; the router has no other replica to offer, and the chart's
+    # readiness probe takes the router out of its Service (liveness stays).
+    assert complete(url) == 503
+    assert httpx.get(routed.readiness, timeout=5).status_code == 503
+    assert httpx.get(routed.liveness, timeout=5).status_code == 200
+    cluster.release.set()
+    inflight.join(timeout=60)
+    assert results == [200]
+
+
+def exported(metrics_url: str) -> dict[str, list[str]]:
+    """Metric name -> its sample lines, from the router's exposition."""
+    out: dict[str, list[str]] = {}
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            out.setdefault(line.split("{")[0].split(" ")[0], []).append(line)
+    return out
+
+
+def test_the_metrics_the_dashboards_and_alerts_read_are_the_routers_own(routed: Routed) -> None:
+    cluster, url = routed.cluster, routed.url
+    wait_until(lambda: workers(url), 60, what="the router to discover the Ready pod")
+    assert complete(url) == 200
+    cluster.failing.set()
+    # Each try fails (5xx): retries, then the breaker opens (the chart: 10 in a row).
+    for _ in range(3):
+        assert complete(url) >= 500
+
+    def unhealthy() -> bool:
+        return any(
+            line.endswith(" 0")
+            for line in exported(routed.metrics).get(catalog.ROUTER_WORKER_HEALTH.name, [])
+        )
+
+    wait_until(unhealthy, 60, what="the router's health check to mark the replica unhealthy")
+    names = set(exported(routed.metrics))
+    assert names >= catalog.ROUTER_ONLY, sorted(catalog.ROUTER_ONLY - names)
+    samples = exported(routed.metrics)
+    (opened,) = [s for s in samples[catalog.ROUTER_CB_TRANSITIONS.name] if 'to="open"' in s]
+    assert 'worker="http://127.0.0.1:' in opened
+    assert any(s.endswith(" 1") for s in samples[catalog.ROUTER_CB_STATE.name])
