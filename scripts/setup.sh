@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's environment at .venv (idempotent).
 #   scripts/setup.sh serve   # the engine (vLLM CPU build), S3 streaming, the sidecar
-#   scripts/setup.sh test    # the above plus Ray (multi-node tests), the test tools, helm/kubectl, Prometheus, HAProxy,
+#   scripts/setup.sh test    # the above plus Ray (multi-node tests), vllm-router, the test tools, helm/kubectl, Prometheus, HAProxy,
 #                            # and the OCI tools (buildah, podman) that build and run the images
 #   scripts/setup.sh oci     # the OCI tools only (`make images`; no .venv)
 # Re-installs only when pyproject.toml or this script changed since the last run.
@@ -13,7 +13,7 @@ if [ "$target" = oci ]; then
 fi
 case "$target" in
   serve) extras="cpu,s3,sidecar" ;;
-  test) extras="cpu,s3,sidecar,multinode,test" ;;
+  test) extras="cpu,s3,sidecar,multinode,router,test" ;;
   *) echo "usage: scripts/setup.sh serve|test|oci" >&2; exit 2 ;;
 esac
 
