@@ -18,6 +18,11 @@ shortens it; then the Deployment would report Progressing=False/ProgressDeadline
 The rollback stops the bad pod (preStop, SIGTERM, as the Deployment's scale-down does) and, in
 `inPlace` mode, starts a good pod in the freed slot. Old pods must stay in service throughout.
 
+Both runtimes of `rollout.py` run it: what differs between them (how a bad pod is made, how
+its vLLM's exit is seen and how it is restarted) is behind the fleet's pod (`fleet.Pod`,
+`podman_fleet.PodmanPod`: `vllm_exit_code`, `restart_vllm`, `vllm_state`); under podman a
+bad template is rendered into the chart's pod through its values (`podman_fleet`).
+
 The report is the rolling-restart report (every request, failures traced to a pod) plus one
 entry per bad release: requests sent/failed during its stall and its rollback, the old pods'
 restarts and load-balancer state changes, the first failed start and the deadline.
@@ -35,8 +40,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
-
-from ministream_sidecar.processes import Child
 
 from .fleet import Pod, PodTemplate
 from .records import RequestRecord, failure_counts
@@ -138,15 +141,12 @@ class CrashLoop:
     restart_at: float | None = None
 
     def poll(self, now: float) -> None:
-        vllm = self.pod.vllm
-        assert vllm is not None
-        if self.restart_at is None and vllm.returncode is not None:
+        if self.restart_at is None and self.pod.vllm_exit_code() is not None:
             self.failed_starts.append(now)
             backoff = BACKOFF_INITIAL_SECONDS * 2 ** (len(self.failed_starts) - 1)
             self.restart_at = now + min(backoff, BACKOFF_MAX_SECONDS)
         elif self.restart_at is not None and now >= self.restart_at:
-            log = self.pod.template.log_dir / f"{self.pod.name}-vllm-{len(self.failed_starts)}.log"
-            self.pod.vllm = Child(vllm.name, vllm.argv, vllm.env).start(log)
+            self.pod.restart_vllm(len(self.failed_starts))
             self.restart_at = None
 
 
@@ -158,8 +158,6 @@ class BadRelease(Rollout):
         super().__init__(dataclasses.replace(cfg.rollout, restarts=1))
         if not cfg.kinds:
             raise ValueError("name at least one --kind")
-        if self.cfg.runtime != "process":
-            raise ValueError("bad-release runs with --runtime process only")
         self.bad_cfg = cfg
         self.bad = {k: bad_template(k, self.template, cfg.shards) for k in cfg.kinds}
         deadline = self.chart.progress_deadline_seconds
@@ -319,13 +317,7 @@ class BadRelease(Rollout):
                 }
             )
         # The old pods' vLLM processes, started once: still the same, still running.
-        old_pods = {
-            pod.name: {
-                "vllm_pid": pod.vllm.pid if pod.vllm else None,
-                "vllm_running_at_end": pod.vllm is not None and pod.vllm.returncode is None,
-            }
-            for pod in self.old
-        }
+        old_pods = {pod.name: pod.vllm_state() for pod in self.old}
         report["bad_releases"] = releases
         report["old_pods"] = old_pods
         report["stall_seconds"] = self.stall_seconds

@@ -31,13 +31,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, get_args
 
 from . import pod_run
 from .chart_pod import ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
 from .kube_play import KubePlayError
 from .reports import write_json
+from .rollout import Runtime
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 
 Subparsers = argparse._SubParsersAction  # what add_subparsers returns
@@ -202,9 +203,14 @@ def _add_rollout_parser(sub: Subparsers) -> None:
         help="seconds before a terminating pod leaves the load balancer (the "
         "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts",
     )
-    ro.add_argument(
+    _add_runtime_option(ro)
+
+
+def _add_runtime_option(parser: argparse.ArgumentParser) -> None:
+    """`--runtime`, shared by the experiments that run on `rollout.py`'s fleet."""
+    parser.add_argument(
         "--runtime",
-        choices=["process", "podman"],
+        choices=get_args(Runtime),
         default="process",
         help="process: each pod is a local vLLM and sidecar process; podman: each pod is the "
         "chart's rendered pod run from the images (`make images`) by `podman kube play` "
@@ -260,6 +266,7 @@ def _add_bad_release_parser(sub: Subparsers) -> None:
         default=2.0,
         help="seconds before a terminating pod leaves the load balancer",
     )
+    _add_runtime_option(br)
 
 
 def _add_overload_parser(sub: Subparsers) -> None:
@@ -586,6 +593,7 @@ def cmd_bad_release(args: argparse.Namespace, vllm_args: list[str]) -> int:
             lead_in=args.lead_in,
             tail=args.tail,
             endpoint_lag=args.endpoint_lag,
+            runtime=args.runtime,
         ),
         kinds=tuple(args.kinds or BAD_KINDS),
         shards=args.shards,

@@ -249,6 +249,25 @@ class Pod:
         result["seconds"] = round(self.clock() - began, 3)
         return result
 
+    # --- the kubelet's restart of a crashed vLLM container (the bad-release experiment) -----
+    def vllm_exit_code(self) -> int | None:
+        """vLLM's exit status once it has exited; None while it runs."""
+        assert self.vllm is not None
+        return self.vllm.returncode
+
+    def restart_vllm(self, attempt: int) -> None:
+        """Start vLLM again, same command and environment; its log is `-vllm-<attempt>.log`."""
+        assert self.vllm is not None
+        log = self.template.log_dir / f"{self.name}-vllm-{attempt}.log"
+        self.vllm = Child(self.vllm.name, self.vllm.argv, self.vllm.env).start(log)
+
+    def vllm_state(self) -> dict[str, Any]:
+        """What shows that vLLM was started once and still runs (the old pods' check)."""
+        return {
+            "vllm_pid": self.vllm.pid if self.vllm else None,
+            "vllm_running_at_end": self.vllm is not None and self.vllm.returncode is None,
+        }
+
     def kill(self) -> None:
         """Immediate cleanup (not a graceful shutdown)."""
         for child in (self.vllm, self.sidecar):

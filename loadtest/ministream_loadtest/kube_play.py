@@ -27,7 +27,11 @@ applied one is listed in `PodManifest.translations` (docs/images.md):
   (podman 4.3 ignores subPath there: the sidecar and vLLM would share one /tmp), which is
   what subdirectories of one fresh empty directory amount to;
 - `extra_env` (the rolling-restart experiment only): per-pod variables appended to the vLLM
-  container's env, standing in for what the kubelet gives each pod (its CPU set).
+  container's env, standing in for what the kubelet gives each pod (its CPU set);
+- `restart_policy` (the rolling-restart and bad-release experiments): the pod's
+  `restartPolicy` (rendered: unset, i.e. Always) replaced: podman restarts an exited
+  container at once, with no back-off, so the caller that replays the kubelet's crash-loop
+  back-off asks for `Never` and restarts the container itself.
 
 Probes are left as rendered: podman turns the liveness probe into a healthcheck that needs
 systemd (absent here, so it never runs) and ignores the others; the caller polls the rendered
@@ -94,6 +98,7 @@ def pod_manifest(
     namespace: str = "default",
     extra_env: Mapping[str, str] | None = None,
     env_container: str = "vllm",
+    restart_policy: str | None = None,
 ) -> PodManifest:
     """The rendered Deployment's (or Pod's) pod as a Pod podman 4.3 runs (module docstring)."""
     if rendered.get("kind") == "Deployment":
@@ -109,6 +114,10 @@ def pod_manifest(
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": spec},
         translations,
     )
+    if restart_policy is not None:
+        rendered_policy = spec.get("restartPolicy", "Always")
+        spec["restartPolicy"] = restart_policy
+        _note(translations, f"restartPolicy {rendered_policy} -> {restart_policy}")
     sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
     if sidecars:
         spec["initContainers"] = [c for c in spec["initContainers"] if c not in sidecars]
@@ -218,6 +227,16 @@ class PlayedPod:
             if net.get("IPAddress"):
                 return str(net["IPAddress"])
         raise KubePlayError(f"pod {self.name} has no IP address")
+
+    def started_at(self, container: str) -> str:
+        """When the container last started (podman's State.StartedAt)."""
+        return podman(
+            "inspect", "--format", "{{.State.StartedAt}}", self.container_id(container)
+        ).strip()
+
+    def start(self, container: str) -> None:
+        """Start an exited container of the pod again (`podman start`)."""
+        podman("start", self.container_id(container))
 
     def state(self, container: str) -> tuple[str, int]:
         """(status, exit code) of one container: running, exited, ..."""

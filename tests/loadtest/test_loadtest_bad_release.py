@@ -13,6 +13,7 @@ tested at the end.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ from ministream_loadtest.bad_release import (
 from ministream_loadtest.chart_pod import LOCAL_RUN_VALUES
 from ministream_loadtest.fleet import Pod, PodTemplate
 from ministream_loadtest.haproxy import Slot, find_haproxy
+from ministream_loadtest.kube_play import pod_manifest
+from ministream_loadtest.podman_fleet import template_values
 from ministream_sidecar.processes import Child
 from ministream_testkit.helm import helm_path
 from tests.loadtest.test_loadtest_rollout import CHART, VLLM_ARGS
@@ -181,3 +184,38 @@ def test_the_crash_loop_restarts_with_the_kubelets_back_off(tmp_path: Path) -> N
     assert loop.failed_starts == [100.0, 200.0]
     assert loop.restart_at == 200.0 + 2 * BACKOFF_INITIAL_SECONDS  # doubled
     assert (tmp_path / "logs" / "bad-vllm-1.log").exists()
+
+
+def test_podman_renders_each_bad_release_into_the_charts_pod(tmp_path: Path) -> None:
+    """`--runtime podman`: each bad template reaches the rendered pod through the chart's values
+    (what `helm upgrade` would render), and the pod does not restart itself (the experiment
+    replays the kubelet's back-off). Real helm; no podman needed."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 77}))
+    shards = tmp_path / "shards-tp2"
+    shards.mkdir()
+    good = _template(model)
+
+    def rendered_vllm(template: PodTemplate) -> tuple[list[str], str, dict[str, Any]]:
+        deployment = rendered_deployment(template_values(template))
+        manifest = pod_manifest(deployment, "bad", restart_policy="Never")
+        for folder in manifest.memory_dirs:  # made for podman; not run here
+            shutil.rmtree(folder)
+        volume = next(v for v in manifest.pod["spec"]["volumes"] if v["name"] == "model")
+        vllm = manifest.container("vllm")
+        return [*vllm.get("command", []), *vllm["args"]], volume["hostPath"]["path"], manifest.pod
+
+    def flag(args: list[str], name: str) -> str:
+        return args[len(args) - 1 - args[::-1].index(name) + 1]  # the last one wins in vLLM
+
+    args, host, pod = rendered_vllm(good)
+    assert flag(args, "--model").endswith("/model") and host == str(tmp_path)
+    assert pod["spec"]["restartPolicy"] == "Never"
+    args, host, _ = rendered_vllm(bad_template("missing-model", good, None))
+    assert flag(args, "--model").endswith("/model-missing") and host == str(tmp_path)
+    args, host, _ = rendered_vllm(bad_template("wrong-tp", good, str(shards)))
+    assert flag(args, "--model").endswith("/shards-tp2") and host == str(tmp_path)
+    assert flag(args, "--load-format") == "sharded_state"
+    args, _, _ = rendered_vllm(bad_template("crash", good, None))
+    assert flag(args, "--max-model-len") == "154" and flag(args, "--model").endswith("/model")
