@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-overload bench-lora-mix soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -126,6 +126,12 @@ bench-bad-release: setup-test $(TINY_MODEL)/ministream_manifest.json $(TINY_TP2)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest bad-release --replicas 2 --rate 4 \
 	  --model $(TINY_MODEL) --served-model-name ministream-tiny --shards $(TINY_TP2) \
 	  $(BAD_RELEASE_CHART) --output $(ART)/bench-serve/bad-release.json $(ROLLOUT_VLLM)
+
+bench-bad-release-podman: setup-test images $(TINY_MODEL)/ministream_manifest.json $(TINY_TP2)/ministream_shards.json  ## the three bad releases on the chart's rendered pods from the images (podman kube play), 30 s stalls (~15 min)
+	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest \
+	  bad-release --runtime podman --replicas 2 --rate 4 --stall-seconds 30 \
+	  --model $(TINY_MODEL) --served-model-name ministream-tiny --shards $(TINY_TP2) \
+	  $(BAD_RELEASE_CHART) --output $(ART)/bench-serve/bad-release-podman.json $(ROLLOUT_VLLM)
 
 LORA_ADAPTERS := $(ART)/adapters/ministream-tiny
 $(LORA_ADAPTERS)/%/ministream_manifest.json: $(TINY_MODEL)/ministream_manifest.json
