@@ -39,7 +39,7 @@ import httpx
 from bench_plugin_stats import paired_ratio_interval
 
 from ministream_testkit.provenance import stamp
-from ministream_testkit.router import RouterProcess, chart_router_args
+from ministream_testkit.router import RouterProcess, chart_router_args, chart_router_engine_args
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
 
 POLICIES = ("round_robin", "cache_aware")
@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     out_path = Path(args.out)
     logs = Path(tempfile.mkdtemp(prefix="bench-routing-"))
-    engine_args = args.engine_arg or list(TINY_ENGINE_ARGS)
+    # The replicas run what the chart gives serving pods behind the router (cache_aware's
+    # render endpoints), plus the tiny model's or the caller's engine arguments.
+    engine_args = (args.engine_arg or list(TINY_ENGINE_ARGS)) + chart_router_engine_args()
     replicas = [
         VLLMServer(args.model, logs / f"replica-{i}.log", args=engine_args)
         for i in range(args.replicas)

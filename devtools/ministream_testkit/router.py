@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -41,18 +42,35 @@ _DISCOVERY = {
 }
 
 
-def chart_router_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
-    """The router container's arguments as `helm template` renders them."""
+def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
     cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
     for s in sets:
         cmd += ["--set", s]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
-    for doc in yaml.safe_load_all(out.stdout):
-        labels = (doc or {}).get("metadata", {}).get("labels", {})
-        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == "router":
-            (container,) = doc["spec"]["template"]["spec"]["containers"]
-            return [str(a) for a in container["args"]]
-    raise LookupError(f"no router Deployment rendered from {values}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _container_args(docs: list[dict[str, Any]], component: str, container: str) -> list[str]:
+    for doc in docs:
+        labels = doc.get("metadata", {}).get("labels", {})
+        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                if c["name"] == container:
+                    return [str(a) for a in c["args"]]
+    raise LookupError(f"no {component} Deployment with a {container} container rendered")
+
+
+def chart_router_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
+    """The router container's arguments as `helm template` renders them."""
+    return _container_args(_rendered(values, sets), "router", "router")
+
+
+def chart_router_engine_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
+    """What the router adds to the replicas' vLLM arguments (the chart renders them only with
+    router.enabled: the render endpoints cache_aware tokenizes through)."""
+    on = _container_args(_rendered(values, sets), "server", "vllm")
+    off = _container_args(_rendered(values, (*sets, "router.enabled=false")), "server", "vllm")
+    return [a for a in on if a not in off]
 
 
 def local_args(chart_args: Sequence[str], workers: Sequence[str], **overrides: str) -> list[str]:
