@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +146,7 @@ def test_a_replica_killed_under_load_costs_no_request(fleet: Fleet) -> None:
     assert statuses == [200] * len(statuses), statuses
 
 
-def _with_action(url: str, action) -> list[int | str]:  # type: ignore[no-untyped-def]
+def _with_action(url: str, action: Callable[[float], Awaitable[None]]) -> list[int | str]:
     """30 requests at 10/s through the router, `action(1.0)` running beside them."""
 
     async def run() -> list[int | str]:
