@@ -106,31 +106,39 @@ def test_requests_reach_both_replicas(fleet: Fleet) -> None:
     assert shares == [6, 6], shares
 
 
-def test_a_replica_shutting_down_under_load_costs_no_request(fleet: Fleet) -> None:
-    """SIGTERM, as Kubernetes stops a drained pod's vLLM: it finishes what it has and refuses
-    the rest, which the router sends to the other replica."""
+def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
+    """A pod's deletion as the router sees it: discovery removes the pod (the router's own
+    remove_worker, what it runs on the pod's deletionTimestamp), then the kubelet's SIGTERM
+    stops its vLLM, which finishes what it has."""
     leaving = fleet.replicas[0]
     assert leaving.process is not None
 
-    async def stop_after(delay: float) -> None:
+    async def drain_after(delay: float) -> None:
         await asyncio.sleep(delay)
+        async with httpx.AsyncClient(timeout=30) as client:
+            removed = await client.post(
+                f"{fleet.router.url}/remove_worker", params={"url": leaving.url}
+            )
+        assert removed.status_code < 300, removed.text
         os.kill(leaving.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
 
-    statuses = _with_action(fleet.router.url, stop_after)
-    leaving.wait_exit(60)
+    statuses = _with_action(fleet.router.url, drain_after)
+    leaving.wait_exit(120)
     assert statuses == [200] * len(statuses), statuses
+    assert leaving.url not in fleet.router.routed_workers()
 
 
 def test_a_replica_killed_under_load_costs_no_request(fleet: Fleet) -> None:
-    """The stopped replica comes back (the router's health check re-admits it, its breaker
-    closes), then the other one is killed outright mid-load."""
+    """The drained replica comes back (discovery adds it again: add_worker), then the other
+    one is killed outright mid-load: the router retries what it lost elsewhere."""
     back = fleet.replicas[0]
     back.start().wait_healthy()
+    added = httpx.post(f"{fleet.router.url}/add_worker", params={"url": back.url}, timeout=60)
+    assert added.status_code < 300, added.text
     before = _served(back)
 
     def serving_again() -> bool:
-        # Listed is not enough: the breaker the shutdown opened keeps the replica out until
-        # its timeout (router.circuitBreaker.timeoutSeconds), so wait for requests to land.
+        # Listed is not enough: wait for requests to land on it.
         _load(fleet.router.url, 2, 10)
         return _served(back) > before
 
