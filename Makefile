@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -145,6 +145,10 @@ bench-lora-mix: setup-test $(LORA_ADAPTERS)/support/ministream_manifest.json $(L
 	  --model ministream-tiny --scenario adapter-mix --output-dir $(ART)/bench-lora-mix \
 	  -- --dtype float32 --max-model-len 512 --enforce-eager --enable-lora --max-loras 3 \
 	  --max-lora-rank 8 --lora-modules support=$(LORA_ADAPTERS)/support legal=$(LORA_ADAPTERS)/legal
+
+bench-routing: setup-test $(TINY_MODEL)/ministream_manifest.json  ## vLLM's router in front of 2 tiny replicas: cache_aware vs round_robin, paired rounds (~10 min)
+	$(VENV)/bin/python scripts/bench_routing.py --model $(TINY_MODEL) --rounds 6 \
+	  --out docs/results/serve/routing-cpu.json
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -340,3 +340,17 @@ def test_route_without_any_backend_is_refused(tmp_path: Path, major: int) -> Non
     # naming whichever branch it scored best, helm 4 both).
     message = str(err.value)
     assert "gateway.enabled" in message or "/gateway/enabled" in message, message
+
+
+def test_cache_aware_gets_the_render_endpoints_it_tokenizes_through(tmp_path: Path) -> None:
+    """vLLM answers /v1/completions/render 403 without --enable-scale-out: cache_aware would
+    then decide every request on `missing_tokens`."""
+
+    def vllm_args(out: Rendered) -> list[str]:
+        (vllm,) = [c for c in out.pod_template()["spec"]["containers"] if c["name"] == "vllm"]
+        return [str(a) for a in vllm["args"]]
+
+    assert "--enable-scale-out" in vllm_args(render(ROUTER))
+    other = render(ROUTER, write(tmp_path, {"router": {"policy": "round_robin"}}))
+    assert "--enable-scale-out" not in vllm_args(other)
+    assert "--enable-scale-out" not in vllm_args(render(CHART / "ci" / "local-tp1-values.yaml"))

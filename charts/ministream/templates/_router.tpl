@@ -30,6 +30,15 @@ app.kubernetes.io/component: router
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when the router's policy matches prompts by token ids: vllm-router 0.1.17's cache_aware
+asks a replica for them (POST /v1/completions/render), which vLLM 0.32 answers 403 unless it
+runs with --enable-scale-out; without it every decision is `missing_tokens`.
+*/}}
+{{- define "ministream.routerNeedsTokens" -}}
+{{- if and .Values.router.enabled (eq .Values.router.policy "cache_aware") -}}true{{- end -}}
+{{- end -}}
+
 {{/* The router container's arguments (the image's entrypoint is vllm-router). */}}
 {{- define "ministream.routerArgs" -}}
 {{- $r := .Values.router -}}

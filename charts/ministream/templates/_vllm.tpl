@@ -46,6 +46,10 @@
 - --max-num-queued-reqs
 - {{ int . | quote }}
 {{- end }}
+{{- if include "ministream.routerNeedsTokens" . }}
+# The router's cache_aware policy tokenizes prompts through vLLM's render endpoints.
+- --enable-scale-out
+{{- end }}
 {{- with .Values.vllm.kvOffload.sizeGiB }}
 - --kv-offloading-size
 - {{ . | quote }}

@@ -1,0 +1,166 @@
+"""vLLM's router (`vllm-router`, the project's `router` extra) in front of local replicas, with
+the chart's own command line.
+
+The chart renders the router's arguments (charts/ministream/templates/_router.tpl): policy,
+timeouts, health checks, retries, circuit breaker. A local run keeps every one of them and
+swaps only what a cluster provides: Kubernetes discovery (`--service-discovery`, its namespace,
+port and `--selector`) becomes `--worker-urls` of the local replicas, the API key from the pod's
+Secret is dropped, and addresses become free local ports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from ministream_testkit.helm import helm_path
+from ministream_testkit.net import answers, free_port
+from ministream_testkit.processes import stop_process
+from ministream_testkit.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ministream"
+ROUTER_VALUES = CHART / "ci" / "router-values.yaml"
+# The wheel's launcher, beside this interpreter.
+VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
+INSTALL_HINT = "vllm-router is not installed: run `make setup-test` (the project's `router` extra)"
+# Flags of a cluster's discovery, each with the number of values it takes (-1: all up to the
+# next flag).
+_DISCOVERY = {
+    "--service-discovery": 0,
+    "--service-discovery-namespace": 1,
+    "--service-discovery-port": 1,
+    "--selector": -1,
+    "--api-key": 1,
+}
+
+
+def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
+    cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
+    for s in sets:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _container_args(docs: list[dict[str, Any]], component: str, container: str) -> list[str]:
+    for doc in docs:
+        labels = doc.get("metadata", {}).get("labels", {})
+        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                if c["name"] == container:
+                    return [str(a) for a in c["args"]]
+    raise LookupError(f"no {component} Deployment with a {container} container rendered")
+
+
+def chart_router_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
+    """The router container's arguments as `helm template` renders them."""
+    return _container_args(_rendered(values, sets), "router", "router")
+
+
+def chart_router_engine_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
+    """What the router adds to the replicas' vLLM arguments (the chart renders them only with
+    router.enabled: the render endpoints cache_aware tokenizes through)."""
+    on = _container_args(_rendered(values, sets), "server", "vllm")
+    off = _container_args(_rendered(values, (*sets, "router.enabled=false")), "server", "vllm")
+    return [a for a in on if a not in off]
+
+
+def local_args(chart_args: Sequence[str], workers: Sequence[str], **overrides: str) -> list[str]:
+    """The chart's arguments with discovery swapped for `workers` and `overrides` applied
+    (`policy="round_robin"`, `port="8123"`: flag names without dashes, `_` for `-`)."""
+    out: list[str] = []
+    i = 0
+    args = list(chart_args)
+    while i < len(args):
+        flag = args[i]
+        if flag in _DISCOVERY:
+            n = _DISCOVERY[flag]
+            i += 1
+            while i < len(args) and (n < 0 or n > 0) and not args[i].startswith("--"):
+                i += 1
+                n -= 1
+            continue
+        out.append(flag)
+        i += 1
+    for name, value in overrides.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return [*out, "--worker-urls", *workers]
+
+
+@dataclass
+class RouterProcess:
+    """One vllm-router on 127.0.0.1 in front of `workers`, its log in `log_path`."""
+
+    workers: Sequence[str]
+    log_path: Path
+    policy: str = "cache_aware"
+    chart_args: Sequence[str] = field(default_factory=chart_router_args)
+    extra: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        return [
+            str(VLLM_ROUTER),
+            *local_args(
+                self.chart_args,
+                self.workers,
+                host="127.0.0.1",
+                port=str(self.port),
+                prometheus_host="127.0.0.1",
+                prometheus_port=str(self.metrics_port),
+                policy=self.policy,
+                **self.extra,
+            ),
+        ]
+
+    def start(self, timeout: float = 120.0) -> RouterProcess:
+        if not VLLM_ROUTER.exists():
+            raise FileNotFoundError(INSTALL_HINT)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vllm-router exited with {self.process.returncode}: {self.log_path}"
+                )
+            return answers(f"{self.url}/liveness") and len(self.routed_workers()) == len(
+                self.workers
+            )
+
+        wait_until(up, timeout, 0.25, what=f"vllm-router at {self.url} with its workers")
+        return self
+
+    def routed_workers(self) -> list[str]:
+        try:
+            listed = httpx.get(f"{self.url}/workers", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return []
+        return [w["url"] if isinstance(w, dict) else w for w in listed.get("workers", [])]
+
+    def stop(self) -> None:
+        stop_process(self.process)

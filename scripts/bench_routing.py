@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""Routing by cache vs round robin: vLLM's router in front of N real vLLM replicas.
+
+One set of replicas (the tiny model on CPU here; `--model`/`--engine-arg` for another) and one
+vllm-router per policy in front of all of them, each with the chart's command line
+(ministream_testkit.router: discovery swapped for `--worker-urls`). Rounds alternate the
+policies' order; within a round every policy gets the same workload shape with its own text,
+so no policy is served from the caches another one filled.
+
+The workload: SYSTEMS distinct system prompts, USERS_PER_SYSTEM users on each, every user a
+chat of TURNS turns that resends its history (the system prompt, every earlier question and
+answer) plus a new question. Requests leave at a fixed RATE in a shuffled turn-major order;
+a user's turn waits for their previous one. Per policy and round: each replica's prefix-cache
+hit rate from vLLM's `vllm:prefix_cache_hits`/`vllm:prefix_cache_queries` deltas (and all
+replicas together), TTFT p50/p99 (streamed), output tokens/s, failures, and the router's
+`vllm_router_prefix_routing_decisions_total` by outcome. Summary: per policy the median over
+rounds; cache_aware / round_robin as a paired ratio over rounds with a t-interval
+(bench_plugin_stats.paired_ratio_interval).
+
+    scripts/bench_routing.py --model .artifacts/models/ministream-tiny --rounds 4 \
+        --out docs/results/serve/routing-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from bench_plugin_stats import paired_ratio_interval
+
+from ministream_testkit.provenance import stamp
+from ministream_testkit.router import RouterProcess, chart_router_args, chart_router_engine_args
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
+
+POLICIES = ("round_robin", "cache_aware")
+HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+DECISIONS = "vllm_router_prefix_routing_decisions_total"
+
+
+@dataclass(frozen=True)
+class Workload:
+    systems: int
+    users_per_system: int
+    turns: int
+    system_words: int
+    question_words: int
+    output_tokens: int
+    rate: float
+
+
+# Short common words: about two tokens each even for the tiny model's 512-token vocabulary, so
+# a chat's last turn stays inside its 512-position context at the defaults.
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "in",
+    "and",
+    "is",
+    "it",
+    "on",
+    "for",
+    "cat",
+    "dog",
+    "sky",
+    "sea",
+    "red",
+    "blue",
+    "old",
+    "new",
+    "run",
+    "sit",
+    "big",
+    "low",
+    "day",
+    "way",
+    "man",
+    "car",
+    "sun",
+    "map",
+    "cup",
+    "box",
+    "key",
+    "pen",
+    "top",
+]
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def chats(w: Workload, seed: int) -> list[list[str]]:
+    """chats[u][t]: user u's prompt at turn t (the history resent, then a new question)."""
+    rng = random.Random(seed)
+    systems = [f"System {s}: " + _words(rng, w.system_words) for s in range(w.systems)]
+    out = []
+    for u in range(w.systems * w.users_per_system):
+        history = systems[u % w.systems]
+        turns = []
+        for _ in range(w.turns):
+            history += "\nUser: " + _words(rng, w.question_words) + "\nAssistant:"
+            turns.append(history)
+            history += " " + _words(rng, w.output_tokens)  # a stand-in answer, resent
+        out.append(turns)
+    return out
+
+
+def order(w: Workload, seed: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    users = w.systems * w.users_per_system
+    out: list[tuple[int, int]] = []
+    for t in range(w.turns):
+        batch = [(u, t) for u in range(users)]
+        rng.shuffle(batch)
+        out += batch
+    return out
+
+
+async def _one(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> dict[str, Any]:
+    body = {
+        "model": "ministream",
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return {"ok": False, "status": resp.status_code}
+            async for line in resp.aiter_lines():
+                if ttft is None and line.startswith("data: ") and line != "data: [DONE]":
+                    ttft = time.perf_counter() - t0
+    except httpx.HTTPError as exc:
+        return {"ok": False, "status": type(exc).__name__}
+    e2e = time.perf_counter() - t0
+    return {"ok": True, "ttft": e2e if ttft is None else ttft, "e2e": e2e}
+
+
+async def run_block(router: RouterProcess, w: Workload, seed: int) -> list[dict[str, Any]]:
+    prompts, plan = chats(w, seed), order(w, seed)
+    done = {(u, t): asyncio.Event() for u, t in plan}
+    results: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+
+        async def send(i: int, u: int, t: int) -> None:
+            await asyncio.sleep(i / w.rate)
+            if t > 0:
+                await done[(u, t - 1)].wait()
+            results.append(await _one(client, router.url, prompts[u][t], w.output_tokens))
+            done[(u, t)].set()
+
+        await asyncio.gather(*(send(i, u, t) for i, (u, t) in enumerate(plan)))
+    return results
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _counters(replicas: list[VLLMServer]) -> list[tuple[float, float]]:
+    return [
+        (sum_samples(text, HITS), sum_samples(text, QUERIES))
+        for text in (metrics_text(r.url) for r in replicas)
+    ]
+
+
+def _decisions(router: RouterProcess) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(router.metrics_url, timeout=10).text.splitlines():
+        if line.startswith(DECISIONS + "{") and 'outcome="' in line:
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def measure(
+    router: RouterProcess, replicas: list[VLLMServer], w: Workload, seed: int
+) -> dict[str, Any]:
+    before, decisions_before = _counters(replicas), _decisions(router)
+    t0 = time.perf_counter()
+    results = asyncio.run(run_block(router, w, seed))
+    wall = time.perf_counter() - t0
+    after, decisions_after = _counters(replicas), _decisions(router)
+    per_replica = []
+    for (h0, q0), (h1, q1) in zip(before, after, strict=True):
+        per_replica.append({"hits": h1 - h0, "queries": q1 - q0})
+    hits = sum(r["hits"] for r in per_replica)
+    queries = sum(r["queries"] for r in per_replica)
+    ok = [r for r in results if r["ok"]]
+    ttft = [r["ttft"] for r in ok]
+    return {
+        "seed": seed,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "failures": sorted({str(r["status"]) for r in results if not r["ok"]}),
+        "wall_s": wall,
+        "ttft_p50_s": statistics.median(ttft) if ttft else None,
+        "ttft_p99_s": _pct(ttft, 0.99) if ttft else None,
+        "output_tok_s": len(ok) * w.output_tokens / wall,
+        "hit_rate": hits / queries if queries else None,
+        "replicas": [
+            r | {"hit_rate": r["hits"] / r["queries"] if r["queries"] else None}
+            for r in per_replica
+        ],
+        "router_decisions": {
+            k: v - decisions_before.get(k, 0.0) for k, v in decisions_after.items()
+        },
+    }
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {p: [r[p] for r in rounds] for p in POLICIES}
+    out: dict[str, Any] = {"policies": {}, "cache_aware_over_round_robin": {}}
+    for p, rows in by.items():
+        out["policies"][p] = {
+            m: statistics.median(r[m] for r in rows)
+            for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "output_tok_s")
+            if all(r[m] is not None for r in rows)
+        } | {"failed": sum(r["failed"] for r in rows)}
+    if len(rounds) >= 2:
+        for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "output_tok_s"):
+            a = [r["cache_aware"][m] for r in rounds]
+            b = [r["round_robin"][m] for r in rounds]
+            if all(x and x > 0 for x in a + b):
+                out["cache_aware_over_round_robin"][m] = paired_ratio_interval(a, b).as_dict()
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [
+        "| policy | rounds | hit rate | TTFT p50 ms | TTFT p99 ms | output tok/s | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    n = len(result["rounds"])
+    for p in POLICIES:
+        c = s["policies"][p]
+        lines.append(
+            f"| {p} | {n} | {c.get('hit_rate', 0):.3f} | {c.get('ttft_p50_s', 0) * 1e3:.1f} | "
+            f"{c.get('ttft_p99_s', 0) * 1e3:.1f} | {c.get('output_tok_s', 0):.1f} | {c['failed']} |"
+        )
+    r = s["cache_aware_over_round_robin"]
+
+    def cell(m: str) -> str:
+        if m not in r:
+            return "n/a"
+        return f"{r[m]['ratio']:.2f} [{r[m]['ci95'][0]:.2f}, {r[m]['ci95'][1]:.2f}]"
+
+    lines.append(
+        f"| cache_aware / round_robin | {n} | {cell('hit_rate')} | {cell('ttft_p50_s')} | "
+        f"{cell('ttft_p99_s')} | {cell('output_tok_s')} | |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", required=True, help="model directory the replicas serve")
+    p.add_argument("--out", required=True, help="result JSON (logs beside it)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--systems", type=int, default=16)
+    p.add_argument("--users-per-system", type=int, default=2)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--system-words", type=int, default=60)
+    p.add_argument("--question-words", type=int, default=8)
+    p.add_argument("--output-tokens", type=int, default=8)
+    p.add_argument("--rate", type=float, default=4.0, help="requests per second leaving")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
+    )
+    args = p.parse_args(argv)
+    w = Workload(
+        args.systems,
+        args.users_per_system,
+        args.turns,
+        args.system_words,
+        args.question_words,
+        args.output_tokens,
+        args.rate,
+    )
+    out_path = Path(args.out)
+    logs = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    # The replicas run what the chart gives serving pods behind the router (cache_aware's
+    # render endpoints), plus the tiny model's or the caller's engine arguments.
+    engine_args = (args.engine_arg or list(TINY_ENGINE_ARGS)) + chart_router_engine_args()
+    replicas = [
+        VLLMServer(args.model, logs / f"replica-{i}.log", args=engine_args)
+        for i in range(args.replicas)
+    ]
+    routers: dict[str, RouterProcess] = {}
+    result: dict[str, Any] = {
+        "workload": asdict(w),
+        "replicas": args.replicas,
+        "engine_args": engine_args,
+        "rounds": [],
+        "logs": str(logs),
+    }
+    try:
+        for r in replicas:
+            r.start()
+        for r in replicas:
+            r.wait_healthy()
+        chart = chart_router_args()
+        result["router_args"] = chart
+        urls = [r.url for r in replicas]
+        for policy in POLICIES:
+            routers[policy] = RouterProcess(
+                urls, logs / f"router-{policy}.log", policy=policy, chart_args=chart
+            ).start()
+        # One unrecorded block per policy: first requests pay for lazy set-up in each engine.
+        warm = Workload(2, 1, 1, 16, 4, 2, args.rate)
+        for policy in POLICIES:
+            measure(routers[policy], replicas, warm, seed=10_000)
+        for k in range(args.rounds):
+            row: dict[str, Any] = {"round": k}
+            sequence = POLICIES if k % 2 == 0 else POLICIES[::-1]
+            for j, policy in enumerate(sequence):
+                row[policy] = measure(routers[policy], replicas, w, seed=k * 100 + j)
+                b = row[policy]
+                print(
+                    f"round {k} {policy}: hit rate {b['hit_rate']}, TTFT p50 {b['ttft_p50_s']} s, "
+                    f"{b['failed']} failed {b['failures']}, decisions {b['router_decisions']}",
+                    flush=True,
+                )
+            result["rounds"].append(row)
+    finally:
+        for router in routers.values():
+            router.stop()
+        for r in replicas:
+            r.stop()
+    result["summary"] = summarize(result["rounds"])
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(stamp(result), indent=2) + "\n")
+    tmp.replace(out_path)
+    print(table(result))
+    return 0 if all(result["summary"]["policies"][p]["failed"] == 0 for p in POLICIES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

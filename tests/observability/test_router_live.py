@@ -1,0 +1,193 @@
+"""vLLM's router, the real binary with the chart's own arguments, in front of two real vLLM
+replicas (the tiny model, static `--worker-urls` instead of Kubernetes discovery): requests
+reach both replicas, a replica that shuts down or dies under load costs no request (the
+router's retries, health checks and breaker, as the chart sets them), and a real Prometheus
+scrapes the router's metrics. A module of its own: two engines, one router, one Prometheus,
+shared by its tests in order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from promkit import PrometheusServer, ScrapeTarget
+
+from ministream_observability import catalog
+from ministream_testkit.router import RouterProcess, chart_router_args
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
+from ministream_testkit.waiting import wait_until
+
+pytestmark = [pytest.mark.engine, pytest.mark.network]
+
+
+@dataclass
+class Fleet:
+    replicas: list[VLLMServer]
+    router: RouterProcess
+    prom: PrometheusServer
+    workdir: Path
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("router-live")
+    replicas = [
+        VLLMServer(str(tiny_model_dir), workdir / f"replica-{i}.log", args=TINY_ENGINE_ARGS)
+        for i in range(2)
+    ]
+    router: RouterProcess | None = None
+    prom: PrometheusServer | None = None
+    try:
+        for r in replicas:
+            r.start()
+        for r in replicas:
+            r.wait_healthy()
+        # Round robin: the routing test can count each replica's share exactly.
+        router = RouterProcess(
+            [r.url for r in replicas],
+            workdir / "router.log",
+            policy="round_robin",
+            chart_args=chart_router_args(),
+            # The chart checks every 10 s; shortened so the test sees a replica come back soon.
+            extra={"health_check_interval_secs": "1"},
+        ).start()
+        prom = PrometheusServer(
+            workdir / "prometheus",
+            [ScrapeTarget("router", f"127.0.0.1:{router.metrics_port}", {"pod": "ms-router-0"})],
+        ).start()
+        yield Fleet(replicas, router, prom, workdir)
+    finally:
+        if prom:
+            prom.stop()
+        if router:
+            router.stop()
+        for r in replicas:
+            r.stop()
+
+
+def _load(url: str, n: int, rate: float) -> list[int | str]:
+    """`n` completions through `url` at `rate` per second, all at once in flight; statuses."""
+
+    async def one(client: httpx.AsyncClient, i: int) -> int | str:
+        await asyncio.sleep(i / rate)
+        body = {
+            "model": "ministream",
+            "prompt": f"request {i}",
+            "max_tokens": 16,
+            "ignore_eos": True,
+        }
+        try:
+            return (await client.post(f"{url}/v1/completions", json=body)).status_code
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+
+    async def run() -> list[int | str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return list(await asyncio.gather(*(one(client, i) for i in range(n))))
+
+    return asyncio.run(run())
+
+
+def _served(replica: VLLMServer) -> float:
+    """Requests the replica finished (vLLM's own counter, every finish reason)."""
+    return sum_samples(metrics_text(replica.url), "vllm:request_success_total")
+
+
+def test_requests_reach_both_replicas(fleet: Fleet) -> None:
+    before = [_served(r) for r in fleet.replicas]
+    assert _load(fleet.router.url, 12, rate=20) == [200] * 12
+    shares = [_served(r) - b for r, b in zip(fleet.replicas, before, strict=True)]
+    assert shares == [6, 6], shares
+
+
+def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
+    """A pod's deletion as the router sees it: discovery removes the pod (the router's own
+    remove_worker, what it runs on the pod's deletionTimestamp), then the kubelet's SIGTERM
+    stops its vLLM, which finishes what it has."""
+    leaving = fleet.replicas[0]
+    assert leaving.process is not None
+
+    async def drain_after(delay: float) -> None:
+        await asyncio.sleep(delay)
+        async with httpx.AsyncClient(timeout=30) as client:
+            removed = await client.post(
+                f"{fleet.router.url}/remove_worker", params={"url": leaving.url}
+            )
+        assert removed.status_code < 300, removed.text
+        os.kill(leaving.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+
+    statuses = _with_action(fleet.router.url, drain_after)
+    leaving.wait_exit(120)
+    assert statuses == [200] * len(statuses), statuses
+    assert leaving.url not in fleet.router.routed_workers()
+
+
+def test_a_replica_killed_under_load_costs_no_request(fleet: Fleet) -> None:
+    """The drained replica comes back (discovery adds it again: add_worker), then the other
+    one is killed outright mid-load: the router retries what it lost elsewhere."""
+    back = fleet.replicas[0]
+    back.start().wait_healthy()
+    added = httpx.post(f"{fleet.router.url}/add_worker", params={"url": back.url}, timeout=60)
+    assert added.status_code < 300, added.text
+    before = _served(back)
+
+    def serving_again() -> bool:
+        # Listed is not enough: wait for requests to land on it.
+        _load(fleet.router.url, 2, 10)
+        return _served(back) > before
+
+    wait_until(serving_again, 180, 2.0, what="the router to send requests to the restarted replica")
+    victim = fleet.replicas[1]
+
+    async def kill_after(delay: float) -> None:
+        await asyncio.sleep(delay)
+        assert victim.process is not None
+        os.killpg(victim.process.pid, signal.SIGKILL)
+
+    statuses = _with_action(fleet.router.url, kill_after)
+    assert statuses == [200] * len(statuses), statuses
+
+
+def _with_action(url: str, action: Callable[[float], Awaitable[None]]) -> list[int | str]:
+    """30 requests at 10/s through the router, `action(1.0)` running beside them."""
+
+    async def run() -> list[int | str]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(action(1.0))
+        statuses = await loop.run_in_executor(None, _load, url, 30, 10.0)
+        await task
+        return statuses
+
+    return asyncio.run(run())
+
+
+def test_prometheus_scrapes_the_routers_metrics(fleet: Fleet) -> None:
+    """What the router exports, Prometheus stores (some of the catalog's router series appear
+    only after an event this module does not cause, e.g. retries exhausted: the real router's
+    exposition is checked for every one of them in tests/charts/test_router_discovery.py), and
+    the per-replica request counter carries both replicas."""
+    router_names = {
+        n for m in catalog.ALL if m.source is catalog.Source.ROUTER for n in m.series_names
+    }
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in httpx.get(fleet.router.metrics_url, timeout=10).text.splitlines()
+        if line and not line.startswith("#")
+    } & router_names
+    assert {str(catalog.ROUTER_REQUESTS), str(catalog.ROUTER_ACTIVE_WORKERS)} <= exported
+
+    wait_until(
+        lambda: exported <= fleet.prom.names(),
+        60,
+        1.0,
+        what=f"Prometheus to store the router's series {sorted(exported)}",
+    )
+    per_worker = fleet.prom.query(f"sum by (worker) ({catalog.ROUTER_REQUESTS})")
+    workers = {s["metric"]["worker"] for s in per_worker}
+    assert workers >= {r.url for r in fleet.replicas}, workers
