@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,13 @@ from promkit import PrometheusServer, ScrapeTarget
 
 from ministream_observability import catalog
 from ministream_testkit.router import RouterProcess, chart_router_args
-from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
+from ministream_testkit.vllm_server import (
+    TINY_ENGINE_ARGS,
+    VLLMServer,
+    metrics_text,
+    request_counts,
+    sum_samples,
+)
 from ministream_testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
@@ -109,8 +116,8 @@ def test_requests_reach_both_replicas(fleet: Fleet) -> None:
 
 def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
     """A pod's deletion as the router sees it: discovery removes the pod (the router's own
-    remove_worker, what it runs on the pod's deletionTimestamp), then the kubelet's SIGTERM
-    stops its vLLM, which finishes what it has."""
+    remove_worker, what it runs on the pod's deletionTimestamp), the preStop drain waits until
+    vLLM is idle (the sidecar polls the same running and waiting gauges), then SIGTERM."""
     leaving = fleet.replicas[0]
     assert leaving.process is not None
 
@@ -121,6 +128,10 @@ def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
                 f"{fleet.router.url}/remove_worker", params={"url": leaving.url}
             )
         assert removed.status_code < 300, removed.text
+        # The sidecar's drain: wait until vLLM has finished what it was given, then SIGTERM.
+        deadline = time.monotonic() + 120
+        while sum(request_counts(leaving.url)) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         os.kill(leaving.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
 
     statuses = _with_action(fleet.router.url, drain_after)
