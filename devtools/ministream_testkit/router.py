@@ -42,6 +42,16 @@ _DISCOVERY = {
 }
 
 
+def routed_workers(url: str) -> list[str]:
+    """The worker URLs the router at `url` routes to now (its /workers); [] while it does not
+    answer."""
+    try:
+        listed = httpx.get(f"{url}/workers", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return []
+    return [w["url"] if isinstance(w, dict) else w for w in listed.get("workers", [])]
+
+
 def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
     cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
     for s in sets:
@@ -156,11 +166,7 @@ class RouterProcess:
         return self
 
     def routed_workers(self) -> list[str]:
-        try:
-            listed = httpx.get(f"{self.url}/workers", timeout=5).json()
-        except (httpx.HTTPError, ValueError):
-            return []
-        return [w["url"] if isinstance(w, dict) else w for w in listed.get("workers", [])]
+        return routed_workers(self.url)
 
     def stop(self) -> None:
         stop_process(self.process)

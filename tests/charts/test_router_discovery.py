@@ -17,7 +17,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,14 +30,13 @@ from chartkit import CHART, NAMESPACE, render
 
 from ministream_observability import catalog
 from ministream_testkit.net import free_port
+from ministream_testkit.router import INSTALL_HINT, VLLM_ROUTER
+from ministream_testkit.router import routed_workers as workers
 from ministream_testkit.waiting import wait_until
 
 ROUTER = CHART / "ci" / "router-values.yaml"
-# The wheel's launcher, beside this interpreter (the project's `router` extra).
-VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 pytestmark = pytest.mark.network
-INSTALL_HINT = "vllm-router is not installed: run `make setup-test` (the project's `router` extra)"
 
 SLOW_PROMPT = "slow"  # the stand-in replica holds this completion until released
 
@@ -232,14 +230,6 @@ def routed(tmp_path: Path) -> Iterator[Routed]:
         log.close()
         api.shutdown()
         replica.shutdown()
-
-
-def workers(url: str) -> list[str]:
-    try:
-        listed = httpx.get(f"{url}/workers", timeout=5).json()
-    except httpx.HTTPError:
-        return []
-    return [w["url"] if isinstance(w, dict) else w for w in listed["workers"]]
 
 
 def complete(url: str, prompt: str = "hello") -> int:
