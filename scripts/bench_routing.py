@@ -19,6 +19,10 @@ rounds; cache_aware / round_robin as a paired ratio over rounds with a t-interva
 
     scripts/bench_routing.py --model .artifacts/models/ministream-tiny --rounds 4 \
         --out docs/results/serve/routing-cpu.json
+
+A machine without helm (the GPU host) reads the chart's router arguments from a file rendered
+here: `scripts/bench_routing.py --write-chart-router scripts/gpu/chart-router.json`, then
+`--chart-router scripts/gpu/chart-router.json` there (scripts/gpu/h200.sh routing).
 """
 
 from __future__ import annotations
@@ -271,12 +275,35 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def chart_router(path: str | None) -> dict[str, list[str]]:
+    """The router's arguments and what the chart adds to the replicas' vLLM arguments: from
+    `helm template` now, or from a file written by `--write-chart-router`."""
+    if path:
+        data = json.loads(Path(path).read_text())
+        return {k: [str(a) for a in data[k]] for k in ("router_args", "engine_args")}
+    return {"router_args": chart_router_args(), "engine_args": chart_router_engine_args()}
+
+
+def start_replicas(replicas: list[VLLMServer], first_alone: bool) -> None:
+    """Start every replica and wait until all are healthy. `first_alone`: the first one on
+    its own, then the rest together (on a GPU the first fills the compile cache the rest
+    read, instead of all of them compiling the same graphs at once)."""
+    rest = replicas
+    if first_alone and replicas:
+        replicas[0].start().wait_healthy()
+        rest = replicas[1:]
+    for r in rest:
+        r.start()
+    for r in rest:
+        r.wait_healthy()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", required=True, help="model directory the replicas serve")
-    p.add_argument("--out", required=True, help="result JSON (logs beside it)")
+    p.add_argument("--model", help="model directory the replicas serve (required)")
+    p.add_argument("--out", help="result JSON, logs beside it (required)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--systems", type=int, default=16)
@@ -292,7 +319,41 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
     )
+    p.add_argument(
+        "--chart-router",
+        help="JSON of the chart's router and engine arguments (default: rendered by helm now)",
+    )
+    p.add_argument(
+        "--write-chart-router",
+        metavar="FILE",
+        help="render the chart's router and engine arguments into FILE, then exit",
+    )
+    p.add_argument(
+        "--without-engine-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="leave out a flag the chart adds to the replicas' vLLM arguments (an older vLLM "
+        "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
+    )
+    p.add_argument(
+        "--start-first-alone",
+        action="store_true",
+        help="start the first replica alone, then the others (they read its compile cache)",
+    )
     args = p.parse_args(argv)
+    if args.write_chart_router:
+        rendered = chart_router(None)
+        Path(args.write_chart_router).write_text(json.dumps(rendered, indent=2) + "\n")
+        return 0
+    if not (args.model and args.out):
+        p.error("--model and --out are required")
+    chart = chart_router(args.chart_router)
+    unknown = set(args.without_engine_arg) - set(chart["engine_args"])
+    if unknown:
+        p.error(
+            f"--without-engine-arg {sorted(unknown)}: not among the chart's {chart['engine_args']}"
+        )
     w = Workload(
         args.systems,
         args.users_per_system,
@@ -306,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="bench-routing-"))
     # The replicas run what the chart gives serving pods behind the router (cache_aware's
     # render endpoints), plus the tiny model's or the caller's engine arguments.
-    engine_args = (args.engine_arg or list(TINY_ENGINE_ARGS)) + chart_router_engine_args()
+    engine_args = (args.engine_arg or list(TINY_ENGINE_ARGS)) + [
+        a for a in chart["engine_args"] if a not in args.without_engine_arg
+    ]
     replicas = [
         VLLMServer(args.model, logs / f"replica-{i}.log", args=engine_args)
         for i in range(args.replicas)
@@ -316,20 +379,17 @@ def main(argv: list[str] | None = None) -> int:
         "workload": asdict(w),
         "replicas": args.replicas,
         "engine_args": engine_args,
+        "left_out_engine_args": args.without_engine_arg,
         "rounds": [],
         "logs": str(logs),
     }
     try:
-        for r in replicas:
-            r.start()
-        for r in replicas:
-            r.wait_healthy()
-        chart = chart_router_args()
-        result["router_args"] = chart
+        start_replicas(replicas, args.start_first_alone)
+        result["router_args"] = chart["router_args"]
         urls = [r.url for r in replicas]
         for policy in POLICIES:
             routers[policy] = RouterProcess(
-                urls, logs / f"router-{policy}.log", policy=policy, chart_args=chart
+                urls, logs / f"router-{policy}.log", policy=policy, chart_args=chart["router_args"]
             ).start()
         # One unrecorded block per policy: first requests pay for lazy set-up in each engine.
         warm = Workload(2, 1, 1, 16, 4, 2, args.rate)

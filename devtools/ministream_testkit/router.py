@@ -10,6 +10,7 @@ Secret is dropped, and addresses become free local ports.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -28,8 +29,11 @@ from ministream_testkit.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"
 ROUTER_VALUES = CHART / "ci" / "router-values.yaml"
-# The wheel's launcher, beside this interpreter.
-VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
+# The wheel's launcher: beside this interpreter, or where MINISTREAM_VLLM_ROUTER says (a wheel
+# unpacked with `pip install --target`, as on the GPU host).
+VLLM_ROUTER = Path(
+    os.environ.get("MINISTREAM_VLLM_ROUTER") or Path(sys.executable).parent / "vllm-router"
+)
 INSTALL_HINT = "vllm-router is not installed: run `make setup-test` (the project's `router` extra)"
 # Flags of a cluster's discovery, each with the number of values it takes (-1: all up to the
 # next flag).

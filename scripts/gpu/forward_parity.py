@@ -22,6 +22,15 @@ with a 95 % bootstrap interval; the same two ratios from each round's end-to-end
 `LLM.generate` wall time as a second view; whether plugin and llama_a produced identical
 tokens.
 
+`--instances K` (K > 1) starts K engines of each of the three kinds (`plugin.0` ...
+`llama_b.K-1`), every one timed in every round in a shuffled order, and adds the
+replicated figures: each engine's median over rounds, each kind's mean over its K
+engines, parity = llama_a / plugin and A/A = llama_a / llama_b of those means, with a
+two-level bootstrap interval (engines resampled within each kind, rounds resampled
+together: paired_stats.instance_ratio_summary). An offset that belongs to one engine
+start then widens the interval instead of hiding inside it. The per-round figures above
+stay, for the first engine of each kind.
+
     python scripts/gpu/forward_parity.py --model DIR --out F.json \
         --llm-args '{"dtype": "bfloat16", "gpu_memory_utilization": 0.25}'     # GPU
     python scripts/gpu/forward_parity.py --model DIR --out F.json --smoke      # CPU, CI
@@ -47,10 +56,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from engine_versions import engine_versions  # noqa: E402
-from paired_stats import fmt_ratio, ratio_summary  # noqa: E402
+from paired_stats import fmt_ratio, instance_ratio_summary, ratio_summary  # noqa: E402
 
 PROCESS_START = time.time()
-ENGINES = ("plugin", "llama_a", "llama_b")
+KINDS = ("plugin", "llama_a", "llama_b")
 GPU_SHAPES = "decode:1,decode:16,decode:64,decode:256,prefill:1x2048,prefill:8x512"
 SMOKE_SHAPES = "decode:1,decode:4,prefill:1x64"
 
@@ -82,6 +91,27 @@ def shape_figure(kind: str, calls: list[tuple[int, str, float]]) -> tuple[float,
     return statistics.median(steps), len(steps)
 
 
+def engine_names(instances: int) -> dict[str, list[str]]:
+    """Engine names per kind: the kind itself for one instance (the reports of earlier runs
+    keep their keys), `kind.i` for several."""
+    if instances < 1:
+        raise ValueError("--instances must be at least 1")
+    if instances == 1:
+        return {kind: [kind] for kind in KINDS}
+    return {kind: [f"{kind}.{i}" for i in range(instances)] for kind in KINDS}
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The engines' order in a round: for three engines every permutation in turn; for more,
+    a shuffle seeded by the round (too many permutations to cycle through)."""
+    if len(names) == 3:
+        perms = list(itertools.permutations(names))
+        return list(perms[round_index % len(perms)])
+    order = list(names)
+    random.Random(round_index).shuffle(order)
+    return order
+
+
 def _prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[str, Any]]:
     return [
         {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(n)
@@ -104,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         help="back-to-back prefills per engine, shape and round; their median is the figure",
     )
     parser.add_argument("--rounds", type=int, default=48, help="at most this many rounds")
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="engines of each kind (plugin, llama_a, llama_b); > 1 adds replicated figures",
+    )
     parser.add_argument("--min-rounds", type=int, default=6)
     parser.add_argument(
         "--stop-after-s",
@@ -130,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.min_rounds, args.prefill_reps = 2, 2, 2
         args.llm_args = '{"dtype": "float32", "max_model_len": 256, "enforce_eager": true}'
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    kinds = engine_names(args.instances)
+    first = {kind: names[0] for kind, names in kinds.items()}
+    all_engines = [name for names in kinds.values() for name in names]
     llm_args = json.loads(args.llm_args) | {
         "seed": 0,
         "enable_prefix_caching": False,
@@ -156,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     engines: dict[str, Any] = {}
     init_s: dict[str, float] = {}
     wrapped: dict[str, Any] = {}
-    for name in ENGINES:
+    for name in all_engines:
         t0 = time.perf_counter()
-        engines[name] = LLM(model=dirs[name], **llm_args)
+        engines[name] = LLM(model=dirs[name.split(".")[0]], **llm_args)
         init_s[name] = time.perf_counter() - t0
         wrapped[name] = engines[name].collective_rpc("forward_timer_install")[0]
         print(f"{name}: engine up in {init_s[name]:.1f} s, timing {wrapped[name]}", flush=True)
@@ -185,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return ms, used, wall, [list(o.outputs[0].token_ids) for o in outs]
 
     shape_names = [s for s in args.shapes.split(",")]
-    for name in ENGINES:  # warm-up: one untimed rep of every shape
+    for name in all_engines:  # warm-up: one untimed rep of every shape
         for kind, n, length in shapes:
             rep(name, kind, n, length, seed=-1)
 
@@ -194,17 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     def write_report(rounds: int, resamples: int = 4000) -> dict[str, Any]:
         """Summarise and write the JSON (after every round: a killed run keeps its rounds)."""
         results: dict[str, Any] = {}
+        a, b, p = first["llama_a"], first["llama_b"], first["plugin"]
         for spec in shape_names:
             f, w = fwd[spec], wall[spec]
             results[spec] = {
                 "forward_ms": f,
                 "wall_s": w,
-                "median_forward_ms": {e: statistics.median(f[e]) for e in ENGINES},
+                "median_forward_ms": {e: statistics.median(f[e]) for e in all_engines},
                 "timed_calls_per_rep": statistics.median(steps_used[spec]),
-                "parity_forward": ratio_summary(f["llama_a"], f["plugin"], resamples),
-                "aa_forward": ratio_summary(f["llama_a"], f["llama_b"], resamples),
-                "parity_e2e": ratio_summary(w["llama_a"], w["plugin"], resamples),
-                "aa_e2e": ratio_summary(w["llama_a"], w["llama_b"], resamples),
+                "parity_forward": ratio_summary(f[a], f[p], resamples),
+                "aa_forward": ratio_summary(f[a], f[b], resamples),
+                "parity_e2e": ratio_summary(w[a], w[p], resamples),
+                "aa_e2e": ratio_summary(w[a], w[b], resamples),
                 "identical_tokens_plugin_vs_llama": (
                     f"{sum(same_tokens[spec])}/{len(same_tokens[spec])}"
                 ),
@@ -212,6 +252,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"{sum(same_tokens_aa[spec])}/{len(same_tokens_aa[spec])}"
                 ),
             }
+            if args.instances > 1:
+
+                def replicated(times: dict[str, list[float]], num: str, den: str) -> Any:
+                    return instance_ratio_summary(
+                        [times[e] for e in kinds[num]],
+                        [times[e] for e in kinds[den]],
+                        resamples=resamples,
+                    )
+
+                results[spec] |= {
+                    "replicated_parity_forward": replicated(f, "llama_a", "plugin"),
+                    "replicated_aa_forward": replicated(f, "llama_a", "llama_b"),
+                    "replicated_parity_e2e": replicated(w, "llama_a", "plugin"),
+                    "replicated_aa_e2e": replicated(w, "llama_a", "llama_b"),
+                }
         report = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
@@ -222,24 +277,26 @@ def main(argv: list[str] | None = None) -> int:
                 "decode_steps": args.decode_steps,
                 "prefill_reps": args.prefill_reps,
                 "rounds": rounds,
+                "instances": args.instances,
+                "engines": all_engines,
                 "llm_args": llm_args,
             },
             "engine_init_s": init_s,
             "timer": wrapped,
             "ratio_definition": "t(llama_a)/t(plugin) and t(llama_a)/t(llama_b) per round; "
-            "> 1 means the first-named engine is slower",
+            "> 1 means the first-named engine is slower; replicated_*: the same ratios of "
+            "each kind's mean over its engines' medians (paired_stats.instance_ratio_summary)",
             "shapes": results,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         return results
 
-    fwd: dict[str, dict[str, list[float]]] = {s: {e: [] for e in ENGINES} for s in shape_names}
-    wall: dict[str, dict[str, list[float]]] = {s: {e: [] for e in ENGINES} for s in shape_names}
+    fwd: dict[str, dict[str, list[float]]] = {s: {e: [] for e in all_engines} for s in shape_names}
+    wall: dict[str, dict[str, list[float]]] = {s: {e: [] for e in all_engines} for s in shape_names}
     steps_used: dict[str, list[int]] = {s: [] for s in shape_names}
     same_tokens: dict[str, list[bool]] = {s: [] for s in shape_names}
     same_tokens_aa: dict[str, list[bool]] = {s: [] for s in shape_names}
-    orders = list(itertools.permutations(ENGINES))
     t_start = time.perf_counter()
     rounds = 0
     while rounds < args.rounds and (
@@ -249,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             and time.time() - PROCESS_START < args.stop_after_s
         )
     ):
-        order = orders[rounds % len(orders)]
+        order = round_order(all_engines, rounds)
         for spec, (kind, n, length) in zip(shape_names, shapes, strict=True):
             tokens: dict[str, list[list[int]]] = {}
             for name in order:
@@ -265,17 +322,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 fwd[spec][name].append(ms)
                 wall[spec][name].append(seconds)
-                if name == "plugin":
+                if name == first["plugin"]:
                     steps_used[spec].append(used)
-            same_tokens[spec].append(tokens["plugin"] == tokens["llama_a"])
+            same_tokens[spec].append(tokens[first["plugin"]] == tokens[first["llama_a"]])
             # The control for the line above: on the H200 plugin and llama_a
             # differed in 1-2 of 6 reps at batch >= 16; do two identical engines too?
-            same_tokens_aa[spec].append(tokens["llama_b"] == tokens["llama_a"])
+            same_tokens_aa[spec].append(tokens[first["llama_b"]] == tokens[first["llama_a"]])
         rounds += 1
         print(
             f"round {rounds}: "
             + "  ".join(
-                f"{s} " + "/".join(f"{fwd[s][e][-1]:.3f}" for e in ENGINES) for s in shape_names
+                f"{s} " + "/".join(f"{fwd[s][e][-1]:.3f}" for e in all_engines) for s in shape_names
             ),
             flush=True,
         )
@@ -290,11 +347,25 @@ def main(argv: list[str] | None = None) -> int:
     for spec, r in results.items():
         m = r["median_forward_ms"]
         print(
-            f"{spec:<16} {m['plugin']:>10.3f} {m['llama_a']:>10.3f}  "
+            f"{spec:<16} {m[first['plugin']]:>10.3f} {m[first['llama_a']]:>10.3f}  "
             f"{fmt_ratio(r['parity_forward']):<24} {fmt_ratio(r['aa_forward']):<24} "
             f"{fmt_ratio(r['parity_e2e']):<24} {fmt_ratio(r['aa_e2e']):<24} "
             f"{r['identical_tokens_plugin_vs_llama']} (A/A {r['identical_tokens_llama_vs_llama']})"
         )
+    if args.instances > 1:
+        print(
+            f"\nReplicated: {args.instances} engines of each kind, mean of their medians; "
+            "95% CI resamples engines and rounds"
+        )
+        print(f"{'shape':<16} {'parity fwd':<24} {'A/A fwd':<24} {'parity e2e':<24} A/A e2e")
+        for spec, r in results.items():
+            print(
+                f"{spec:<16} "
+                + " ".join(
+                    f"{fmt_ratio(r['replicated_' + k]):<24}"
+                    for k in ("parity_forward", "aa_forward", "parity_e2e", "aa_e2e")
+                )
+            )
     print(f"JSON: {args.out}")
     for llm in engines.values():
         del llm

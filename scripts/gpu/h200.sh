@@ -9,7 +9,8 @@
 #   REFERENCE=1 PRESETS=gpu-1b bash scripts/gpu/h200.sh models "$OUT"  # + fp32 reference golden
 #   bash scripts/gpu/h200.sh parity "$OUT"     # forward_parity.py: plugin vs 2 Llamas, one process
 #     PARITY_SHAPES (default: the script's six), PARITY_ROUNDS, PARITY_BUDGET (s of rounds),
-#     PARITY_LIMIT (s for the whole step, engine starts included: three took 206 s)
+#     PARITY_LIMIT (s for the whole step, engine starts included: three took 206 s),
+#     PARITY_INSTANCES (engines of each kind; > 1 adds the replicated figures), PARITY_MIN_ROUNDS
 #   COLD="vllm-fresh chart-fresh" bash scripts/gpu/h200.sh coldstart "$OUT"  # cold_start.py runs
 #     variants: vllm-fresh vllm-warm chart-fresh chart-warm chart-seeded chart-graphs64
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
@@ -27,6 +28,9 @@
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
 #   bash scripts/gpu/h200.sh lora "$OUT"       # lora_throughput.py: 0/1/4/16 LoRA adapters mixed
+#   bash scripts/gpu/h200.sh routing "$OUT"    # bench_routing.py: vLLM's router, cache_aware vs
+#     round_robin over 4 gpu-1b replicas (carry .whl and .whl-router); ROUTING_REPLICAS,
+#     ROUTING_KV_GIB, ROUTING_RATE, ROUTING_ROUNDS, ROUTING_LIMIT, ROUTING_ARGS
 #   bash scripts/gpu/h200.sh offload "$OUT"    # kv_offload.py: native CPU KV offload on vs off
 #     (carry .whl as for coldstart); OFFLOAD_KV_GIB (GPU KV cache, default 4),
 #     OFFLOAD_GIB (CPU tier, 24), OFFLOAD_LIMIT (s, 480), OFFLOAD_ARGS (kv_offload.py flags)
@@ -51,7 +55,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|offload|fp8|lora|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|offload|routing|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -136,7 +140,8 @@ import json, os, sys, time
 from ministream_testkit.provenance import stamp
 keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES KV_RESERVE_MIB "
         "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
-        "OFFLOAD_LIMIT OFFLOAD_ARGS").split()
+        "OFFLOAD_LIMIT OFFLOAD_ARGS ROUTING_REPLICAS ROUTING_KV_GIB ROUTING_RATE ROUTING_ROUNDS "
+        "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES").split()
 rec = {"step": sys.argv[2], "started": float(sys.argv[3]), "ended": time.time(),
        "settings": {k: os.environ[k] for k in keys if k in os.environ}}
 open(sys.argv[1], "w").write(json.dumps(stamp(rec), indent=2) + "\n")
@@ -176,7 +181,7 @@ install_api_wheels() {  # the API server's packages the vLLM transfer lacks, car
 }
 
 case "$step" in
-  parity|coldstart|fp8|lora|offload) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+  parity|coldstart|fp8|lora|offload|routing) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
 esac
 case "$step" in
   models)
@@ -210,6 +215,7 @@ case "$step" in
     PYTHONPYCACHEPREFIX=/tmp/pyc-parity timeout -k 10 ${PARITY_LIMIT:-330} python3 \
       scripts/gpu/forward_parity.py --model $M/gpu-1b --out "$out/forward-parity.json" \
       ${PARITY_SHAPES:+--shapes $PARITY_SHAPES} ${PARITY_ROUNDS:+--rounds $PARITY_ROUNDS} \
+      ${PARITY_INSTANCES:+--instances $PARITY_INSTANCES} ${PARITY_MIN_ROUNDS:+--min-rounds $PARITY_MIN_ROUNDS} \
       --budget-s ${PARITY_BUDGET:-120} --stop-after-s $(( ${PARITY_LIMIT:-330} - 45 )) --llm-args "$parity_llm_args" \
       > "$out/forward-parity.log" 2>&1
     echo "   exit $? ($(date +%T))"; grep -A12 "^[0-9]* rounds" "$out/forward-parity.log"
@@ -347,6 +353,36 @@ PY
       --out "$out/kv-offload.json" --budget-s $(( limit - 45 )) --more \
       --kv-cache-bytes $(( ${OFFLOAD_KV_GIB:-4} << 30 )) --offload-gib ${OFFLOAD_GIB:-24} \
       ${OFFLOAD_ARGS:-} 2>&1 | tee "$out/kv-offload.out"
+    gpu_leftovers ;;
+  routing)
+    # vLLM's router in front of ROUTING_REPLICAS (4) gpu-1b replicas on the one GPU
+    # (scripts/bench_routing.py): cache_aware vs round_robin, paired rounds. Carry the router
+    # wheel (and orjson, which it imports and the host lacks) as .whl-router/, beside .whl.
+    # Each replica gets ROUTING_KV_GIB (1) GiB of KV cache (--kv-cache-memory-bytes: no
+    # memory profiling among four processes sharing the GPU); the chart's router arguments
+    # come from scripts/gpu/chart-router.json (no helm here). vLLM 0.25.1 serves the render
+    # endpoints cache_aware tokenizes through without --enable-scale-out (0.32 needs it).
+    install_api_wheels
+    if compgen -G '.whl-router/*.whl' >/dev/null && [ ! -x /tmp/site/bin/vllm-router ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-router/*.whl
+    fi
+    export MINISTREAM_VLLM_ROUTER=/tmp/site/bin/vllm-router
+    compile_bytecode
+    export PYTHONDONTWRITEBYTECODE=1
+    echo "== routing ($(date +%T))"
+    limit=${ROUTING_LIMIT:-540}
+    kv=$(( ${ROUTING_KV_GIB:-1} << 30 ))
+    # shellcheck disable=SC2086  # ROUTING_ARGS is a list of flags
+    timeout -s INT -k 30 "$limit" python3 scripts/bench_routing.py --model $M/gpu-1b \
+      --out "$out/routing-h200.json" --chart-router scripts/gpu/chart-router.json \
+      --without-engine-arg --enable-scale-out --start-first-alone \
+      --replicas ${ROUTING_REPLICAS:-4} --rounds ${ROUTING_ROUNDS:-5} \
+      --systems 16 --users-per-system 8 --turns 4 --system-words 720 --question-words 20 \
+      --output-tokens 32 --rate ${ROUTING_RATE:-40} \
+      --engine-arg=--dtype=bfloat16 --engine-arg=--max-model-len=4096 \
+      --engine-arg=--gpu-memory-utilization=0.15 --engine-arg=--kv-cache-memory-bytes=$kv \
+      --engine-arg=--max-cudagraph-capture-size=64 ${ROUTING_ARGS:-} 2>&1 | tee "$out/routing.out"
+    cp -r "$(grep -o '"logs": "[^"]*"' "$out/routing-h200.json" 2>/dev/null | cut -d'"' -f4)" "$out/logs" 2>/dev/null
     gpu_leftovers ;;
   fp8)
     echo "== fp8 vs bf16 ($(date +%T))"

@@ -49,6 +49,44 @@ def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ig
     assert stats.fmt_ratio({"n": 0}) == "n/a"
 
 
+def test_instance_ratio_widens_with_an_engine_offset(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """Three engines per side, four paired rounds. Identical engines: the estimate is the
+    true ratio and the interval is tight. One engine 10 % slow: every per-round bootstrap of
+    that pair would call it a difference; resampling engines widens the interval instead."""
+    stats = gpu_module("paired_stats")
+    rounds = [1.0, 1.02, 0.98, 1.01]
+    same = stats.instance_ratio_summary([rounds] * 3, [[2 * x for x in rounds]] * 3)
+    assert same["median"] == pytest.approx(0.5)
+    assert same["ci95"][0] == pytest.approx(0.5) and same["ci95"][1] == pytest.approx(0.5)
+    assert same["instances"] == [3, 3] and same["rounds"] == 4
+    offset = stats.instance_ratio_summary(
+        [rounds, rounds, [1.1 * x for x in rounds]], [rounds] * 3, resamples=2000
+    )
+    lo, hi = offset["ci95"]
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.1)
+    assert lo <= offset["median"] <= hi
+    assert offset["pairs_min"] == pytest.approx(1.0)
+    assert offset["pairs_max"] == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
+        stats.instance_ratio_summary([[1.0, 2.0]], [[1.0]])
+
+
+def test_parity_engines_and_their_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    parity = gpu_module("forward_parity")
+    assert parity.engine_names(1) == {k: [k] for k in ("plugin", "llama_a", "llama_b")}
+    names = parity.engine_names(3)
+    assert names["llama_b"] == ["llama_b.0", "llama_b.1", "llama_b.2"]
+    everyone = [n for group in names.values() for n in group]
+    # Three engines cycle through all six permutations; nine get a shuffle per round.
+    three = [tuple(parity.round_order(list(parity.KINDS), r)) for r in range(6)]
+    assert len(set(three)) == 6
+    orders = [parity.round_order(everyone, r) for r in range(4)]
+    assert all(sorted(o) == sorted(everyone) for o in orders)
+    assert len({tuple(o) for o in orders}) > 1
+    with pytest.raises(ValueError, match="at least 1"):
+        parity.engine_names(0)
+
+
 def test_shape_figures_pick_decode_steps_and_sum_prefill(gpu_module) -> None:  # type: ignore[no-untyped-def]
     parity = gpu_module("forward_parity")
     assert parity.parse_shape("decode:16") == ("decode", 16, 0)
@@ -159,6 +197,31 @@ def test_committed_chart_defaults_match_the_chart() -> None:
     )
 
 
+def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
+    """scripts/gpu/chart-router.json (the router's arguments for the GPU host, which has no
+    helm) is what `helm template` renders today."""
+    helm = ROOT / ".tools" / "bin" / "helm"
+    if not helm.exists():
+        pytest.skip("helm is not installed (make setup-tools)")
+    fresh = tmp_path / "chart-router.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_routing.py"),
+            "--write-chart-router",
+            str(fresh),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    committed = json.loads((GPU_SCRIPTS / "chart-router.json").read_text())
+    assert json.loads(fresh.read_text()) == committed, (
+        "re-render: python scripts/bench_routing.py --write-chart-router scripts/gpu/chart-router.json"
+    )
+    assert "--policy" in committed["router_args"]
+
+
 # --- end to end on the CPU build (structure only) --------------------------------------
 
 
@@ -192,6 +255,8 @@ def test_forward_parity_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> No
             "--out",
             str(out),
             "--smoke",
+            "--instances",
+            "2",
         ],
         IN_PROCESS_ENGINE,
         3000,
@@ -200,12 +265,16 @@ def test_forward_parity_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> No
     report = json.loads(out.read_text())
     assert report["settings"]["rounds"] == 2 and report["settings"]["prefill_reps"] == 2
     assert set(report["shapes"]) == {"decode:1", "decode:4", "prefill:1x64"}
+    engines = {f"{kind}.{i}" for kind in ("plugin", "llama_a", "llama_b") for i in (0, 1)}
+    assert set(report["settings"]["engines"]) == engines
     for shape in report["shapes"].values():
-        assert set(shape["forward_ms"]) == {"plugin", "llama_a", "llama_b"}
+        assert set(shape["forward_ms"]) == engines
         assert all(len(v) == 2 and min(v) > 0 for v in shape["forward_ms"].values())
         for key in ("parity_forward", "aa_forward", "parity_e2e", "aa_e2e"):
-            lo, hi = shape[key]["ci95"]
-            assert lo <= shape[key]["median"] <= hi
+            for summary in (shape[key], shape[f"replicated_{key}"]):
+                lo, hi = summary["ci95"]
+                assert lo <= summary["median"] <= hi
+            assert shape[f"replicated_{key}"]["instances"] == [2, 2]
         # Same weights, same kernels: greedy tokens agree (float32 on CPU).
         assert shape["identical_tokens_plugin_vs_llama"] == "2/2"
 
