@@ -217,7 +217,8 @@ def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
     )
     committed = json.loads((GPU_SCRIPTS / "chart-router.json").read_text())
     assert json.loads(fresh.read_text()) == committed, (
-        "re-render: python scripts/bench_routing.py --write-chart-router scripts/gpu/chart-router.json"
+        "re-render: python scripts/bench_routing.py --write-chart-router "
+        "scripts/gpu/chart-router.json"
     )
     assert "--policy" in committed["router_args"]
 
