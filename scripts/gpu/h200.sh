@@ -364,7 +364,7 @@ PY
     # endpoints cache_aware tokenizes through without --enable-scale-out (0.32 needs it).
     install_api_wheels
     if compgen -G '.whl-router/*.whl' >/dev/null && [ ! -x /tmp/site/bin/vllm-router ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-router/*.whl
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-router/*.whl
     fi
     export MINISTREAM_VLLM_ROUTER=/tmp/site/bin/vllm-router
     compile_bytecode
@@ -375,7 +375,7 @@ PY
     # shellcheck disable=SC2086  # ROUTING_ARGS is a list of flags
     timeout -s INT -k 30 "$limit" python3 scripts/bench_routing.py --model $M/gpu-1b \
       --out "$out/routing-h200.json" --chart-router scripts/gpu/chart-router.json \
-      --without-engine-arg --enable-scale-out --start-first-alone \
+      --without-engine-arg=--enable-scale-out --start-first-alone \
       --replicas ${ROUTING_REPLICAS:-4} --rounds ${ROUTING_ROUNDS:-5} \
       --systems 16 --users-per-system 8 --turns 4 --system-words 720 --question-words 20 \
       --output-tokens 32 --rate ${ROUTING_RATE:-40} \
