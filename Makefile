@@ -146,9 +146,9 @@ bench-lora-mix: setup-test $(LORA_ADAPTERS)/support/ministream_manifest.json $(L
 	  -- --dtype float32 --max-model-len 512 --enforce-eager --enable-lora --max-loras 3 \
 	  --max-lora-rank 8 --lora-modules support=$(LORA_ADAPTERS)/support legal=$(LORA_ADAPTERS)/legal
 
-bench-routing: setup-test $(TINY_MODEL)/ministream_manifest.json  ## vLLM's router in front of 2 tiny replicas: cache_aware vs round_robin, paired rounds (~10 min)
+bench-routing: setup-test $(TINY_MODEL)/ministream_manifest.json  ## vLLM's router in front of 2 tiny replicas: cache_aware and kv_aware vs round_robin, paired rounds (~15 min)
 	$(VENV)/bin/python scripts/bench_routing.py --model $(TINY_MODEL) --rounds 6 \
-	  --out docs/results/serve/routing-cpu.json
+	  --policies round_robin,cache_aware,kv_aware --out docs/results/serve/routing-cpu.json
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -14,7 +14,7 @@ a user's turn waits for their previous one. Per policy and round: each replica's
 hit rate from vLLM's `vllm:prefix_cache_hits`/`vllm:prefix_cache_queries` deltas (and all
 replicas together), TTFT p50/p99 (streamed), output tokens/s, failures, and the router's
 `vllm_router_prefix_routing_decisions_total` by outcome. Summary: per policy the median over
-rounds; cache_aware / round_robin as a paired ratio over rounds with a t-interval
+rounds; each policy / round_robin as a paired ratio over rounds with a t-interval
 (bench_plugin_stats.paired_ratio_interval).
 
     scripts/bench_routing.py --model .artifacts/models/ministream-tiny --rounds 4 \
@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,14 @@ from typing import Any
 import httpx
 from bench_plugin_stats import paired_ratio_interval
 
+from ministream_testkit.net import free_port
 from ministream_testkit.provenance import stamp
 from ministream_testkit.router import RouterProcess, chart_router_args, chart_router_engine_args
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
 
-POLICIES = ("round_robin", "cache_aware")
+POLICIES = ("round_robin", "cache_aware")  # the default set; --policies adds kv_aware
+KNOWN_POLICIES = ("round_robin", "cache_aware", "kv_aware")
+METRICS = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "output_tok_s")
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 DECISIONS = "vllm_router_prefix_routing_decisions_total"
 
@@ -230,21 +234,28 @@ def measure(
     }
 
 
-def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    by = {p: [r[p] for r in rounds] for p in POLICIES}
-    out: dict[str, Any] = {"policies": {}, "cache_aware_over_round_robin": {}}
-    for p, rows in by.items():
+def summarize(rounds: list[dict[str, Any]], policies: Sequence[str] = POLICIES) -> dict[str, Any]:
+    """Per policy the median over rounds; per policy other than round_robin, its paired ratio
+    to round_robin (`<policy>_over_round_robin`)."""
+    out: dict[str, Any] = {"policies": {}}
+    for p in policies:
+        rows = [r[p] for r in rounds]
         out["policies"][p] = {
             m: statistics.median(r[m] for r in rows)
-            for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "output_tok_s")
+            for m in METRICS
             if all(r[m] is not None for r in rows)
         } | {"failed": sum(r["failed"] for r in rows)}
-    if len(rounds) >= 2:
-        for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "output_tok_s"):
-            a = [r["cache_aware"][m] for r in rounds]
+    for p in policies:
+        if p == "round_robin":
+            continue
+        ratios = out[f"{p}_over_round_robin"] = {}
+        if len(rounds) < 2:
+            continue
+        for m in METRICS:
+            a = [r[p][m] for r in rounds]
             b = [r["round_robin"][m] for r in rounds]
             if all(x and x > 0 for x in a + b):
-                out["cache_aware_over_round_robin"][m] = paired_ratio_interval(a, b).as_dict()
+                ratios[m] = paired_ratio_interval(a, b).as_dict()
     return out
 
 
@@ -255,24 +266,48 @@ def table(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     n = len(result["rounds"])
-    for p in POLICIES:
+    policies = list(s["policies"])
+    for p in policies:
         c = s["policies"][p]
         lines.append(
             f"| {p} | {n} | {c.get('hit_rate', 0):.3f} | {c.get('ttft_p50_s', 0) * 1e3:.1f} | "
             f"{c.get('ttft_p99_s', 0) * 1e3:.1f} | {c.get('output_tok_s', 0):.1f} | {c['failed']} |"
         )
-    r = s["cache_aware_over_round_robin"]
 
-    def cell(m: str) -> str:
+    def cell(r: dict[str, Any], m: str) -> str:
         if m not in r:
             return "n/a"
         return f"{r[m]['ratio']:.2f} [{r[m]['ci95'][0]:.2f}, {r[m]['ci95'][1]:.2f}]"
 
-    lines.append(
-        f"| cache_aware / round_robin | {n} | {cell('hit_rate')} | {cell('ttft_p50_s')} | "
-        f"{cell('ttft_p99_s')} | {cell('output_tok_s')} | |"
-    )
+    for p in policies:
+        if p != "round_robin":
+            r = s[f"{p}_over_round_robin"]
+            lines.append(
+                f"| {p} / round_robin | {n} | " + " | ".join(cell(r, m) for m in METRICS) + " | |"
+            )
     return "\n".join(lines)
+
+
+def kv_event_ports(policies: Sequence[str], replicas: int) -> list[int]:
+    """A ZMQ port per replica for vLLM's KV-cache events when kv_aware runs; [] otherwise."""
+    return [free_port() for _ in range(replicas)] if "kv_aware" in policies else []
+
+
+def kv_events_engine_args(port: int) -> list[str]:
+    """vLLM publishes its KV-cache events on `port` (ZMQ, the default empty topic: kv_aware
+    found no placement at all with a topic of its own)."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+    return ["--kv-events-config", json.dumps(config)]
+
+
+def kv_aware_router_args(
+    workers: Sequence[str], ports: Sequence[int], block_size: int, model: str
+) -> list[str]:
+    """kv_aware's event sources: each worker URL with its replica's ZMQ endpoint."""
+    out: list[str] = []
+    for url, port in zip(workers, ports, strict=True):
+        out += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{port}"]
+    return [*out, "--kv-event-block-size", str(block_size), "--kv-event-model", model]
 
 
 def chart_router(path: str | None) -> dict[str, list[str]]:
@@ -337,6 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
     )
     p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, round_robin among them ({', '.join(KNOWN_POLICIES)})",
+    )
+    p.add_argument(
+        "--kv-event-block-size",
+        type=int,
+        default=128,
+        help="kv_aware: the replicas' KV block size (vLLM's CPU default 128; 16 on a GPU)",
+    )
+    p.add_argument(
         "--start-first-alone",
         action="store_true",
         help="start the first replica alone, then the others (they read its compile cache)",
@@ -348,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.model and args.out):
         p.error("--model and --out are required")
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if "round_robin" not in policies or set(policies) - set(KNOWN_POLICIES):
+        p.error(f"--policies: round_robin and any of {KNOWN_POLICIES}, got {args.policies!r}")
     chart = chart_router(args.chart_router)
     unknown = set(args.without_engine_arg) - set(chart["engine_args"])
     if unknown:
@@ -370,8 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = (args.engine_arg or list(TINY_ENGINE_ARGS)) + [
         a for a in chart["engine_args"] if a not in args.without_engine_arg
     ]
+    ports = kv_event_ports(policies, args.replicas)
     replicas = [
-        VLLMServer(args.model, logs / f"replica-{i}.log", args=engine_args)
+        VLLMServer(
+            args.model,
+            logs / f"replica-{i}.log",
+            args=engine_args + (kv_events_engine_args(ports[i]) if ports else []),
+        )
         for i in range(args.replicas)
     ]
     routers: dict[str, RouterProcess] = {}
@@ -379,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         "workload": asdict(w),
         "replicas": args.replicas,
         "engine_args": engine_args,
+        "policies": policies,
+        "kv_event_ports": ports,
         "left_out_engine_args": args.without_engine_arg,
         "rounds": [],
         "logs": str(logs),
@@ -387,17 +443,27 @@ def main(argv: list[str] | None = None) -> int:
         start_replicas(replicas, args.start_first_alone)
         result["router_args"] = chart["router_args"]
         urls = [r.url for r in replicas]
-        for policy in POLICIES:
+        for policy in policies:
+            more = (
+                kv_aware_router_args(urls, ports, args.kv_event_block_size, replicas[0].served_name)
+                if policy == "kv_aware"
+                else []
+            )
             routers[policy] = RouterProcess(
-                urls, logs / f"router-{policy}.log", policy=policy, chart_args=chart["router_args"]
+                urls,
+                logs / f"router-{policy}.log",
+                policy=policy,
+                chart_args=chart["router_args"],
+                more_args=more,
             ).start()
         # One unrecorded block per policy: first requests pay for lazy set-up in each engine.
         warm = Workload(2, 1, 1, 16, 4, 2, args.rate)
-        for policy in POLICIES:
+        for policy in policies:
             measure(routers[policy], replicas, warm, seed=10_000)
         for k in range(args.rounds):
             row: dict[str, Any] = {"round": k}
-            sequence = POLICIES if k % 2 == 0 else POLICIES[::-1]
+            shift = k % len(policies)  # each policy takes each place in turn
+            sequence = policies[shift:] + policies[:shift]
             for j, policy in enumerate(sequence):
                 row[policy] = measure(routers[policy], replicas, w, seed=k * 100 + j)
                 b = row[policy]
@@ -412,13 +478,13 @@ def main(argv: list[str] | None = None) -> int:
             router.stop()
         for r in replicas:
             r.stop()
-    result["summary"] = summarize(result["rounds"])
+    result["summary"] = summarize(result["rounds"], policies)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(stamp(result), indent=2) + "\n")
     tmp.replace(out_path)
     print(table(result))
-    return 0 if all(result["summary"]["policies"][p]["failed"] == 0 for p in POLICIES) else 1
+    return 0 if all(result["summary"]["policies"][p]["failed"] == 0 for p in policies) else 1
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ class RouterProcess:
     policy: str = "cache_aware"
     chart_args: Sequence[str] = field(default_factory=chart_router_args)
     extra: dict[str, str] = field(default_factory=dict)
+    more_args: Sequence[str] = ()  # appended as they are (flags that repeat)
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -147,6 +148,7 @@ class RouterProcess:
                 policy=self.policy,
                 **self.extra,
             ),
+            *self.more_args,
         ]
 
     def start(self, timeout: float = 120.0) -> RouterProcess:
