@@ -6,9 +6,10 @@ vLLM's own reads hit memory: on an H200 node whose page cache did not hold the m
 weight read went 1.8 s -> 0.5 s and the start after imports 17.3 -> 15.3 s
 (docs/benchmarks.md, run 13).
 
-The reads are charged to the memory cgroup of the container doing them (the sidecar's): past
-its limit the kernel evicts the oldest pages of that cgroup, i.e. the ones read first. So the
-reader stops at the cgroup's headroom instead of cycling the cache for nothing.
+The reads are charged to the memory cgroup of the container doing them, the sidecar's (a page
+belongs to the cgroup that first brought it in: Linux's admin-guide/cgroup-v2.rst, "Memory
+Ownership"): past its limit the kernel reclaims that cgroup's own pages, the ones read first.
+So the reader stops at the cgroup's headroom instead of cycling the cache for nothing.
 """
 
 from __future__ import annotations
