@@ -69,7 +69,8 @@ def _files(path: str) -> Iterator[Path]:
         yield root
         return
     if not root.is_dir():
-        log.warning("prefetch: %s is neither a file nor a directory; skipped", path)
+        what = "is neither a file nor a directory" if root.exists() else "does not exist"
+        log.warning("prefetch: %s %s; skipped", path, what)
         return
 
     def on_error(error: OSError) -> None:
