@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ from .engine_client import VLLMClient
 from .events import EventRecorder, build_event_recorder
 from .metrics import SidecarMetrics
 from .monitor import HealthMonitor, ModelResolver
+from .prefetch import PrefetchResult, start_prefetch
 from .settings import SidecarSettings
 from .state import ServingState
 from .warmup import WarmupRunner
@@ -84,6 +86,7 @@ def create_app(
                 "version": __version__,
             },
         )
+        start_prefetch(app_settings.prefetch_paths, partial(_record_prefetch, metrics))
         monitor_task = asyncio.create_task(monitor.run()) if run_monitor else None
         try:
             yield
@@ -114,6 +117,11 @@ def create_app(
         )
     )
     return app
+
+
+def _record_prefetch(metrics: SidecarMetrics, result: PrefetchResult) -> None:
+    metrics.prefetch_bytes.set(result.bytes_read)
+    metrics.prefetch_seconds.set(result.seconds)
 
 
 # A header block larger than this is refused (h11 answers 400 and closes) instead of being

@@ -133,6 +133,17 @@ class SidecarMetrics:
             ["outcome"],
             registry=r,
         )
+        self.prefetch_bytes = Gauge(
+            "ministream_prefetch_bytes",
+            "Bytes of the model and the compile cache read into the page cache at the "
+            "sidecar's start, while vLLM imports (0 until the read is done, or when off).",
+            registry=r,
+        )
+        self.prefetch_seconds = Gauge(
+            "ministream_prefetch_seconds",
+            "Duration of that read (0 until it is done, or when off).",
+            registry=r,
+        )
         # Create every labelled child up front: a series that exists at 0 lets `rate()` and
         # alerts see the first increment, and the exposition always carries every name.
         for outcome in Outcome:

@@ -153,6 +153,12 @@ class SidecarSettings(BaseSettings):
         "when vLLM has the same variable; startup_log.py): its phases become "
         "ministream_cold_start_phase_seconds. Empty: only engine_start, warmup, total.",
     )
+    prefetch_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Files or directories (comma-separated) read once into the page cache "
+        "at start, in the background, while vLLM imports: the model and VLLM_CACHE_ROOT (the "
+        "chart renders them; prefetch.py). An s3:// URI is skipped; empty: off.",
+    )
     info_revision: str = ""
     info_load_format: str = "auto"
     info_tensor_parallel_size: int = Field(default=1, ge=1)
@@ -177,7 +183,7 @@ class SidecarSettings(BaseSettings):
             raise ValueError(f"vllm_url must start with http:// or https://, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("lora_adapters", mode="before")
+    @field_validator("lora_adapters", "prefetch_paths", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):

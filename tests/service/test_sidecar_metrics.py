@@ -28,6 +28,8 @@ DOCUMENTED = {
     "ministream_upstream_health_failures": "counter",
     "ministream_upstream_busy_checks": "counter",
     "ministream_info": "gauge",
+    "ministream_prefetch_bytes": "gauge",
+    "ministream_prefetch_seconds": "gauge",
 }
 
 

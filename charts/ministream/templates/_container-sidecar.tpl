@@ -6,6 +6,7 @@
 {{- $startupDir := include "ministream.startupLogDir" . -}}
 {{- $startupLog := include "ministream.startupLog" . -}}
 {{- $events := .Values.sidecar.events.enabled -}}
+{{- $prefetch := .Values.sidecar.prefetch.enabled -}}
 # Native sidecar (restartPolicy: Always): started before vLLM and stopped only after
 # vLLM has exited, so vLLM's preStop can call /drain while the sidecar still serves.
 - name: sidecar
@@ -77,6 +78,12 @@
       value: {{ $tp | quote }}
     - name: MINISTREAM_SIDECAR_STARTUP_LOG
       value: {{ $startupLog | quote }}
+    {{- if $prefetch }}
+    # Read into the page cache while vLLM imports (docs/sidecar.md, Prefetch): vLLM's
+    # VLLM_CACHE_ROOT (small: first) and what its --model gets (an s3:// URI is skipped).
+    - name: MINISTREAM_SIDECAR_PREFETCH_PATHS
+      value: {{ printf "%s,%s" (include "ministream.compileCacheRoot" .) (include "ministream.modelUri" .) | quote }}
+    {{- end }}
     - name: POD_NAME
       valueFrom:
         fieldRef:
@@ -101,13 +108,23 @@
     - name: startup-log
       mountPath: {{ $startupDir }}
       readOnly: true
+    {{- if $prefetch }}
+    {{- if include "ministream.usesModelVolume" . }}
+    - name: model
+      mountPath: {{ .Values.loading.local.mountPath | quote }}
+      readOnly: true
+    {{- end }}
+    - name: compile-cache
+      mountPath: {{ include "ministream.compileCacheRoot" . }}
+      readOnly: true
+    {{- end }}
     {{- if $events }}
     - name: kube-api-access
       mountPath: /var/run/secrets/kubernetes.io/serviceaccount
       readOnly: true
     {{- end }}
   resources:
-    {{- toYaml .Values.sidecar.resources | nindent 4 }}
+    {{- include "ministream.sidecarResources" . | nindent 4 }}
   {{- with .Values.securityContext }}
   securityContext:
     {{- toYaml . | nindent 4 }}
@@ -117,3 +134,19 @@
 {{/* vLLM's processes stamp their start into this file; the sidecar reads it (docs/architecture.md §1.6). */}}
 {{- define "ministream.startupLogDir" -}}/var/run/ministream/startup{{- end -}}
 {{- define "ministream.startupLog" -}}{{ include "ministream.startupLogDir" . }}/vllm.log{{- end -}}
+
+{{/*
+The sidecar's resources: sidecar.resources, and while it prefetches a local model, its memory
+limit (if set) raised by model.sizeGiB: the page cache it fills is charged to its memory cgroup,
+and past the limit the kernel would evict what it read first. The request stays: page cache is
+reclaimable and vLLM would hold the same pages after its own read.
+*/}}
+{{- define "ministream.sidecarResources" -}}
+{{- $res := deepCopy (default dict .Values.sidecar.resources) -}}
+{{- $limits := default dict $res.limits -}}
+{{- if and .Values.sidecar.prefetch.enabled (include "ministream.usesModelVolume" .) (hasKey $limits "memory") -}}
+{{- $mib := include "ministream.memoryMiB" (dict "quantity" $limits.memory "at" "sidecar.resources.limits.memory") | int -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (add $mib (ceil (mulf .Values.model.sizeGiB 1024.0) | int))) -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
