@@ -115,7 +115,7 @@ class RouterProcess:
 
     workers: Sequence[str]
     log_path: Path
-    policy: str = "cache_aware"
+    policy: str | None = None  # None: the chart's `--policy`
     chart_args: Sequence[str] = field(default_factory=chart_router_args)
     extra: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
@@ -140,7 +140,7 @@ class RouterProcess:
                 port=str(self.port),
                 prometheus_host="127.0.0.1",
                 prometheus_port=str(self.metrics_port),
-                policy=self.policy,
+                **({"policy": self.policy} if self.policy else {}),
                 **self.extra,
             ),
         ]
