@@ -58,6 +58,16 @@ def test_counter_deltas_count_new_series_from_zero() -> None:
     assert counter_deltas(before, after) == {'b_total{w="1"}': 2.0, 'b_total{w="2"}': 1.0}
 
 
+def test_the_router_front_renders_the_router_and_what_it_adds_to_vllm() -> None:
+    """With the router front the serving pods run the vLLM arguments the chart renders for a
+    router (what `chart_router_engine_args` finds), and the router its rendered command."""
+    with_router = chart_pod(CHART, sets=front_chart_values("router"), helm=helm_path())
+    without = chart_pod(CHART, helm=helm_path())
+    added = [a for a in with_router.vllm_args if a not in without.vllm_args]
+    assert added == router_kit.chart_router_engine_args() and added
+    assert without.router_args == () and "--service-discovery" in with_router.router_args
+
+
 class _Worker:
     """A stand-in replica: /readyz (its sidecar's) answers 200 or 503 as told, /health 200,
     a completion answers the worker's name."""
