@@ -152,6 +152,9 @@ class RouterFront:
         with self._lock:
             old = self._endpoints.pop(slot.index, None)
             self._endpoints[slot.index] = _Endpoint(slot, probes.start())
+            # A slot still routed for its previous pod (one whose removal never came, e.g.
+            # `--endpoint-lag inf` before its probe failed) leaves the router now.
+            self._sync()
         if old is not None:
             self._stop_probes(old)
 

@@ -156,6 +156,11 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     b.ready = True
     assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
 
+    # A new pod in a slot that is still routed: out of the router until its probe passes.
+    front.add_endpoint(Slot(1, b.port, b.port))
+    assert f"http://127.0.0.1:{b.port}" not in router_kit.routed_workers(front.url)
+    assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
+
     # Terminating: removed when the orchestrator says so, though its probe still passes, and
     # not added back.
     front.remove_endpoint(Slot(0, a.port, a.port))
@@ -171,7 +176,7 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     assert watcher.current["slot0"] == "DRAIN" and a.served == served_a
 
     events = [(s, e) for _, s, e in front.discovery_events]
-    assert events.count(("slot1", "removed: not ready")) == 1
+    assert events.count(("slot1", "removed: not ready")) == 2  # unready, then a new pod
     assert ("slot0", "removed: terminating") in events
     front.stop()
     counted = front.describe(0.0)["router_counters"]
