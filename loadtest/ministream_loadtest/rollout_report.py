@@ -71,7 +71,8 @@ def _window(records: Sequence[RequestRecord]) -> dict[str, Any]:
 
 def shutting_down(pods: Sequence[PodSnapshot], start: float, end: float) -> list[str]:
     """The pods whose shutdown (terminating to exited) overlapped [start, end]: where a failure
-    may come from when no access log says which pod took the request."""
+    may come from when no access log says which pod took the request. (The engine records
+    no duration for a failed request: its [start, end] is its send time.)"""
     return [
         p.name
         for p in pods
