@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -111,6 +111,12 @@ bench-serve: setup-test images demo-model $(TINY_MODEL)/ministream_manifest.json
 	  --output $(ART)/bench-serve/rollout-podman-drain.json $(ROLLOUT_VLLM)
 	eval "$$(python3 scripts/images.py env)" && VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --runtime podman \
 	  --no-drain --output $(ART)/bench-serve/rollout-podman-nodrain.json $(ROLLOUT_VLLM)
+
+bench-rollout-router: setup-test $(TINY_MODEL)/ministream_manifest.json  ## the rolling-restart pair (drain / --no-drain) behind vLLM's router instead of HAProxy (~30 min on 2 cores)
+	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --front router \
+	  --output $(ART)/bench-serve/rollout-router-drain.json $(ROLLOUT_VLLM)
+	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --front router --no-drain \
+	  --output $(ART)/bench-serve/rollout-router-nodrain.json $(ROLLOUT_VLLM)
 
 # A bad release: the same fleet and load as the rolling restart, upgraded to a missing model,
 # a shard set for TP=2, and an engine flag vLLM refuses; each stall lasts the rendered

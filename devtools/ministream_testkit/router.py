@@ -119,7 +119,7 @@ class RouterProcess:
 
     workers: Sequence[str]
     log_path: Path
-    policy: str = "cache_aware"
+    policy: str | None = None  # None: the chart's `--policy`
     chart_args: Sequence[str] = field(default_factory=chart_router_args)
     extra: dict[str, str] = field(default_factory=dict)
     more_args: Sequence[str] = ()  # appended as they are (flags that repeat)
@@ -145,7 +145,7 @@ class RouterProcess:
                 port=str(self.port),
                 prometheus_host="127.0.0.1",
                 prometheus_port=str(self.metrics_port),
-                policy=self.policy,
+                **({"policy": self.policy} if self.policy else {}),
                 **self.extra,
             ),
             *self.more_args,

@@ -202,8 +202,8 @@ class BadRelease(Rollout):
         bad = self.fleet.pod(name, self._wait_free_slot(timeout), self.bad[kind])
         self.pods.append(bad)
         self.slot_owner[bad.slot.index] = bad
-        assert self.haproxy is not None and self.watcher is not None
-        self.haproxy.add_endpoint(bad.slot)
+        assert self.front is not None and self.watcher is not None
+        self.front.add_endpoint(bad.slot)
         bad.start()
         _say(f"[{self.rel(bad.events['created']):8.1f}s] upgrade to a {kind} release: {name}")
         loop = CrashLoop(bad)
@@ -233,7 +233,7 @@ class BadRelease(Rollout):
             restored = self.fleet.pod(f"v1-rb-{n}", self._wait_free_slot(timeout), self.template)
             self.pods.append(restored)
             self.slot_owner[restored.slot.index] = restored
-            self.haproxy.add_endpoint(restored.slot)
+            self.front.add_endpoint(restored.slot)
             restored.start()
             self._wait_pod_ready(restored)
             self.old.append(restored)
@@ -266,7 +266,7 @@ class BadRelease(Rollout):
         report = super()._run()
         t0 = self.t0
         wall_t0 = time.time() - (time.perf_counter() - t0)
-        access = self.haproxy.access_log() if self.haproxy else {}
+        access = (self.front.access_log() if self.front else None) or {}
         releases = []
         for p in self.phases:
             old = [pod for pod in self.old if pod.name not in (p["old_pod_stopped"],)]

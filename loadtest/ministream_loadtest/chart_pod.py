@@ -51,6 +51,8 @@ POD_VLLM_FLAGS = frozenset(
 )
 
 RolloutMode = Literal["surge", "inPlace"]
+# The label value of the router's objects (charts/ministream/templates/_router.tpl).
+ROUTER_COMPONENT = "router"
 
 # What the experiment's own pods are, for the chart to render at all: CPU processes with no
 # API key, serving `--model` themselves (the rendered volume and --model are not used). Every
@@ -107,6 +109,9 @@ class ChartPod:
     liveness_probe: ProbeSpec
     readiness_probe: ProbeSpec
     sidecar_settings: dict[str, str]  # MINISTREAM_SIDECAR_* plain values, pod wiring removed
+    # The router container's rendered arguments with `router.enabled` (vLLM's router in
+    # front of the pods, Kubernetes discovery included); () without the router.
+    router_args: tuple[str, ...] = ()
 
     @property
     def probes(self) -> tuple[ProbeSpec, ProbeSpec, ProbeSpec]:
@@ -141,13 +146,13 @@ def find_helm(helm: str | None = None) -> str:
         raise ChartError(f"the experiment renders the chart with `helm template`: {exc}") from None
 
 
-def render_deployment(
+def render_documents(
     chart: Path = DEFAULT_CHART,
     values_files: Sequence[Path] = (),
     sets: dict[str, Any] | None = None,
     helm: str | None = None,
-) -> dict[str, Any]:
-    """The Deployment `helm template` renders (values files and `--set-json` pairs applied)."""
+) -> list[dict[str, Any]]:
+    """Every object `helm template` renders (values files and `--set-json` pairs applied)."""
     if not (chart / "Chart.yaml").is_file():
         raise ChartError(
             f"no Helm chart at {chart}: pass --chart PATH to the ministream chart "
@@ -161,12 +166,41 @@ def render_deployment(
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ChartError(f"helm template {chart} failed: {proc.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _component(doc: dict[str, Any]) -> str | None:
+    return doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
+
+
+def _serving_deployment(docs: list[dict[str, Any]], chart: Path) -> dict[str, Any]:
+    """The serving pods' Deployment (with `router.enabled` the router's is rendered too)."""
     deployments = [
-        d for d in yaml.safe_load_all(proc.stdout) if d and d.get("kind") == "Deployment"
+        d for d in docs if d.get("kind") == "Deployment" and _component(d) != ROUTER_COMPONENT
     ]
     if len(deployments) != 1:
-        raise ChartError(f"expected one Deployment from {chart}, got {len(deployments)}")
+        raise ChartError(f"expected one serving Deployment from {chart}, got {len(deployments)}")
     return deployments[0]
+
+
+def _router_args(docs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The router container's arguments when the chart renders the router; () otherwise."""
+    for doc in docs:
+        if doc.get("kind") == "Deployment" and _component(doc) == ROUTER_COMPONENT:
+            router = _container(doc["spec"]["template"]["spec"], "router")
+            return tuple(str(a) for a in router["args"])
+    return ()
+
+
+def render_deployment(
+    chart: Path = DEFAULT_CHART,
+    values_files: Sequence[Path] = (),
+    sets: dict[str, Any] | None = None,
+    helm: str | None = None,
+) -> dict[str, Any]:
+    """The serving Deployment `helm template` renders (values files and `--set-json` pairs
+    applied)."""
+    return _serving_deployment(render_documents(chart, values_files, sets, helm), chart)
 
 
 def _container(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -235,7 +269,8 @@ def chart_pod(
     sets: dict[str, Any] | None = None,
     helm: str | None = None,
 ) -> ChartPod:
-    deployment = render_deployment(chart, values_files, sets, helm)
+    docs = render_documents(chart, values_files, sets, helm)
+    deployment = _serving_deployment(docs, chart)
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
     vllm, sidecar = _container(pod, "vllm"), _container(pod, "sidecar")
@@ -265,4 +300,5 @@ def chart_pod(
         liveness_probe=_probe("liveness", vllm),
         readiness_probe=_probe("readiness", vllm),
         sidecar_settings=settings,
+        router_args=_router_args(docs),
     )

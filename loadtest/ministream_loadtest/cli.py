@@ -8,7 +8,8 @@
                             [--no-drain | --control-restarts K [--control-endpoint-lag S]]
                             [--rollout-mode surge|inPlace] [--restarts K]
                             [--rate R] [--duration S] [--endpoint-lag S]
-                            [--runtime process|podman] [-- VLLM_ARGS...]
+                            [--runtime process|podman]
+                            [--front haproxy|router [--router-policy POLICY]] [-- VLLM_ARGS...]
     ministream-loadtest overload --model DIR --output FILE.json [--levels 1,2,5]
                             [--level-seconds S] [--chart-set KEY=JSON ...] [-- VLLM_ARGS...]
     ministream-loadtest soak --model DIR --output FILE.json [--minutes M] [--rate R]
@@ -36,6 +37,7 @@ from typing import Any, get_args
 from . import pod_run
 from .chart_pod import ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
+from .fronts import FrontKind
 from .kube_play import KubePlayError
 from .reports import write_json
 from .rollout import Runtime
@@ -204,6 +206,21 @@ def _add_rollout_parser(sub: Subparsers) -> None:
         "EndpointSlice/kube-proxy propagation delay); inf: only /readyz counts",
     )
     _add_runtime_option(ro)
+    ro.add_argument(
+        "--front",
+        choices=get_args(FrontKind),
+        default="haproxy",
+        help="what takes the load: haproxy (a Kubernetes Service: the readiness probe as its "
+        "health check, a terminating pod DRAINed after --endpoint-lag) or router (vLLM's "
+        "router with the chart's arguments, router.enabled; its discovery adds a pod once "
+        "the readiness probe passes and removes it when not ready or --endpoint-lag after "
+        "its termination began)",
+    )
+    ro.add_argument(
+        "--router-policy",
+        help="with --front router: the router's --policy (the chart's router.policy; default: "
+        "the chart's)",
+    )
 
 
 def _add_runtime_option(parser: argparse.ArgumentParser) -> None:
@@ -528,6 +545,19 @@ def _run_mix(
 
 
 # --- rollout --------------------------------------------------------------------------------
+def _check_front(args: argparse.Namespace) -> None:
+    """--front and its options, checked before anything starts."""
+    if args.front != "router":
+        if args.router_policy:
+            raise SystemExit("--router-policy needs --front router")
+        return
+    if args.runtime != "process":
+        raise SystemExit("--front router runs with --runtime process (podman pods: not tried)")
+    from .router_front import require_router
+
+    require_router()  # FileNotFoundError: main names the install step
+
+
 def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .rollout import RolloutConfig, run_rollout
 
@@ -547,6 +577,8 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         tail=args.tail,
         endpoint_lag=args.endpoint_lag,
         runtime=args.runtime,
+        front=args.front,
+        router_policy=args.router_policy,
     )
     report = run_rollout(cfg)
     window = report["restart_window"]
@@ -559,6 +591,12 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
                 "failed": report["failed"],
                 "failures_by_cause": report["failures_by_cause"],
                 "failures_by_pod": report["failures_by_pod"],
+                "front": report["front"]["name"],
+                **(
+                    {"router_counters": report["front"]["router_counters"]}
+                    if "router_counters" in report["front"]
+                    else {}
+                ),
                 "replacements": [
                     f"{r['old']} -> {r['new']} ({'drain' if r['drain'] else 'control'}): "
                     f"{r['window']['failed']} of {r['window']['sent']} failed"
@@ -681,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(
                 "--no-drain makes every replacement a control: drop --control-restarts"
             )
+        _check_front(args)
         return cmd_rollout(args, extra)
     except KeyboardInterrupt:
         print("interrupted: stopped every process this run started", file=sys.stderr)

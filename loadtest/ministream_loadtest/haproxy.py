@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from ministream_testkit.net import free_port
 
@@ -131,6 +132,8 @@ def render_config(
 
 
 class HAProxy:
+    name = "haproxy"
+
     def __init__(
         self, workdir: Path, slots: list[Slot], enabled: set[int], probe: ChartPod
     ) -> None:
@@ -225,6 +228,15 @@ class HAProxy:
                 self.proc.kill()
                 self.proc.wait()
 
+    def describe(self, t0: float) -> dict[str, Any]:
+        """The front for the report (`t0`: the run's time origin; HAProxy's events are the
+        StateWatcher's)."""
+        return {
+            "name": self.name,
+            "config": str(self.config_path),
+            "failure_tracing": "HAProxy's access log (the x-request-id of each request)",
+        }
+
     def access_log(self) -> dict[str, AccessLogEntry]:
         entries: dict[str, AccessLogEntry] = {}
         with contextlib.suppress(FileNotFoundError):
@@ -240,12 +252,20 @@ class HAProxy:
         return entries
 
 
+class ServerStates(Protocol):
+    """What the StateWatcher polls: each server's state (HAProxy's words: UP, DOWN, DRAIN,
+    MAINT, ...)."""
+
+    def states(self) -> dict[str, str]: ...
+
+
 class StateWatcher:
-    """Polls HAProxy's view of every server; keeps each change with its perf_counter() time."""
+    """Polls the load balancer's view of every server; keeps each change with its
+    perf_counter() time."""
 
     def __init__(
         self,
-        haproxy: HAProxy,
+        haproxy: ServerStates,
         interval: float = 0.25,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:

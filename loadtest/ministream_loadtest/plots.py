@@ -132,7 +132,8 @@ def plot_rollout(
     ax.legend(fontsize=8, loc="upper left")
     drain = drain_summary(report["restarts"], report["control_restarts"])
     ax.set_title(
-        f"Rolling restart of {report['replicas']} replicas ({report['rollout_mode']}, "
+        f"Rolling restart of {report['replicas']} replicas behind "
+        f"{report.get('front', {}).get('name', 'haproxy')} ({report['rollout_mode']}, "
         f"{drain}): sent {report['sent']}, failed {report['failed']}"
     )
 

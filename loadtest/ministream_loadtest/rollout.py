@@ -1,4 +1,5 @@
-"""The rolling-restart experiment: N local pods behind HAProxy, constant streaming load, and a
+"""The rolling-restart experiment: N local pods behind a front (HAProxy standing in for the
+Service, or vLLM's router with its discovery: fronts.py), constant streaming load, and a
 Deployment-style rollout that replaces every pod the way the chart's rollout does.
 
 The rollout follows the Deployment controller for the chart's `rollout.mode`:
@@ -7,9 +8,10 @@ The rollout follows the Deployment controller for the chart's `rollout.mode`:
   the one spare set of accelerators that maxSurge 1 needs;
 - `inPlace` (maxSurge 0, maxUnavailable 1): terminate one old pod, start its replacement in
   the freed slot, wait until it is ready.
-A pod is ready when HAProxy's readiness check (the chart's readiness probe) passes.
+A pod is ready when the front routes to it: HAProxy's readiness check (the chart's readiness
+probe) passes, or the router's discovery added it once that probe passed.
 
-The load is one `vllm bench serve` run at a constant Poisson rate through HAProxy, sized to
+The load is one `vllm bench serve` run at a constant Poisson rate through the front, sized to
 outlast the rollout; the report counts every request it sent and puts latency percentiles of
 the requests sent during the restart window next to those sent before it.
 
@@ -33,7 +35,8 @@ from ministream_testkit.provenance import vllm_version
 from .chart_pod import RolloutMode
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec
 from .fleet import Pod, ProcessFleet
-from .haproxy import HAProxy, Slot, StateWatcher
+from .fronts import Front, FrontKind, front_chart_values, open_front
+from .haproxy import Slot, StateWatcher
 from .pod_run import PodRun
 from .records import RequestRecord, load_records
 from .reports import write_json
@@ -66,6 +69,8 @@ class RolloutConfig:
     tail: float = 15.0  # seconds of load after the rollout
     endpoint_lag: float = 2.0  # seconds before a terminating pod leaves the endpoints
     runtime: Runtime = "process"
+    front: FrontKind = "haproxy"  # what takes the load: a Service (HAProxy) or vLLM's router
+    router_policy: str | None = None  # the router's --policy; None: the chart's router.policy
 
 
 def _say(message: str) -> None:
@@ -81,7 +86,11 @@ class Rollout:
             raise ValueError("--replicas must be at least 1")
         self.cfg = cfg
         run = cfg.pod
-        sets: dict[str, Any] = {}
+        if cfg.front == "router":
+            from .router_front import require_router
+
+            require_router()  # before any pod starts
+        sets: dict[str, Any] = front_chart_values(cfg.front, cfg.router_policy)
         if cfg.rollout_mode:
             sets["rollout.mode"] = cfg.rollout_mode
         if cfg.runtime == "podman":
@@ -122,7 +131,7 @@ class Rollout:
         self.threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
         self.t0 = time.perf_counter()  # replaced by the engine's first send
-        self.haproxy: HAProxy | None = None
+        self.front: Front | None = None
         self.watcher: StateWatcher | None = None
         self._engine: EngineProcess | None = None
         self.records: list[RequestRecord] = []
@@ -154,17 +163,18 @@ class Rollout:
         raise TimeoutError(f"no slot freed within {timeout:.0f}s")
 
     def _create_pod(self, name: str, slot: Slot) -> Pod:
-        assert self.haproxy is not None
+        assert self.front is not None
         pod = self.fleet.pod(name, slot, self.template)
         self.pods.append(pod)
         self.slot_owner[slot.index] = pod
-        self.haproxy.add_endpoint(slot)
+        self.front.add_endpoint(slot)
         pod.start()
         _say(f"[{self.rel(pod.events['created']):8.1f}s] pod {name} created in {slot.server}")
         return pod
 
     def _wait_pod_ready(self, pod: Pod) -> None:
-        """Ready = the readiness check (HAProxy's, on /readyz) passes: the pod is in service."""
+        """Ready = the front routes to it (the readiness probe on /readyz passed): the pod is
+        in service."""
         assert self.watcher is not None
         timeout = self.cfg.pod.startup_timeout
         deadline = time.monotonic() + timeout
@@ -184,8 +194,8 @@ class Rollout:
         def endpoint_removal() -> None:
             if not math.isinf(endpoint_lag):
                 time.sleep(endpoint_lag)
-                assert self.haproxy is not None
-                self.haproxy.remove_endpoint(pod.slot)
+                assert self.front is not None
+                self.front.remove_endpoint(pod.slot)
                 pod.events["endpoint_removed"] = time.perf_counter()
                 self.released.add(pod.name)
 
@@ -222,14 +232,13 @@ class Rollout:
             self._teardown()
 
     def _start_fleet(self) -> list[Pod]:
-        """HAProxy with every replica's endpoint, then the replicas, until all are in service."""
+        """The front with every replica's endpoint, then the replicas, until all are in
+        service."""
         enabled = set(range(self.cfg.replicas))
-        self.haproxy = HAProxy(self.workdir, self.slots, enabled, self.chart).start()
-        for i in enabled:
-            self.haproxy.mark_unready(self.slots[i])
-        self.watcher = StateWatcher(self.haproxy).start()
+        self.front = open_front(self.cfg.front, self.workdir, self.slots, enabled, self.chart)
+        self.watcher = StateWatcher(self.front).start()
         _say(
-            f"HAProxy on {self.haproxy.url}; {len(self.slots)} slots, rollout mode "
+            f"{self.front.name} on {self.front.url}; {len(self.slots)} slots, rollout mode "
             f"{self.mode}, {drain_summary(self.restarts, self.controls)}; logs in "
             f"{self.workdir}"
         )
@@ -245,9 +254,9 @@ class Rollout:
 
     def _load_spec(self, duration: float) -> LoadSpec:
         cfg, run = self.cfg, self.cfg.pod
-        assert self.haproxy is not None
+        assert self.front is not None
         return LoadSpec(
-            base_url=self.haproxy.url,
+            base_url=self.front.url,
             model=run.served_name,
             tokenizer=run.tokenizer_path,
             api="completions",
@@ -311,14 +320,15 @@ class Rollout:
         time.sleep(cfg.tail)
         engine.stop_arrivals()
         result = engine.wait(timeout=900)[0]
-        self._stop_load_balancer()  # flushes HAProxy's access log
-        assert self.haproxy is not None and self.watcher is not None
+        self._stop_load_balancer()  # flushes HAProxy's access log, reads the router's counters
+        assert self.front is not None and self.watcher is not None
         self.records = load_records(
             result, request_id_prefix=REQUEST_ID_PREFIX, expected_output_len=spec.output_tokens
         )
         facts = RolloutFacts(
             records=self.records,
-            access=self.haproxy.access_log(),
+            access=self.front.access_log(),
+            front=self.front.describe(self.t0),
             pods=[_snapshot(p) for p in self.pods],
             replacements=self.replacements,
             t0=self.t0,
@@ -370,8 +380,8 @@ class Rollout:
     def _stop_load_balancer(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
-        if self.haproxy is not None:
-            self.haproxy.stop()
+        if self.front is not None:
+            self.front.stop()
 
     def _teardown(self) -> None:
         """Stop everything this run started, whatever state it is in (idempotent)."""

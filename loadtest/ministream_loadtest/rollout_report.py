@@ -1,11 +1,12 @@
 """The rolling-restart experiment's report, built from what a run observed: a pure function.
 
-`RolloutFacts` is everything the run hands over once the load has ended and the load balancer
-has stopped (its access log flushed): the load engine's records, HAProxy's access log, the
-pods' event times, the replacements, the load balancer's state changes and the run's
-settings. `build_report` turns them into the JSON report; it starts and stops nothing, so its
-rules (a failure belongs to the pod its endpoint stood for; the restart window split per
-replacement) are tested on hand-made facts.
+`RolloutFacts` is everything the run hands over once the load has ended and the front has
+stopped (HAProxy's access log flushed, the router's counters read): the load engine's records,
+HAProxy's access log (none behind vLLM's router, which logs no request), the pods' event
+times, the replacements, the front's state changes and the run's settings. `build_report`
+turns them into the JSON report; it starts and stops nothing, so its rules (a failure belongs
+to the pod its endpoint stood for; without an access log, to the pods shutting down while it
+ran; the restart window split per replacement) are tested on hand-made facts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class PodSnapshot:
 @dataclass(frozen=True)
 class RolloutFacts:
     records: Sequence[RequestRecord]
-    access: Mapping[str, AccessLogEntry]  # HAProxy's access log by request id
+    access: Mapping[str, AccessLogEntry] | None  # HAProxy's access log by request id; None:
+    # the front keeps none (vLLM's router), failures are traced by time
     pods: Sequence[PodSnapshot]
     replacements: Sequence[Replacement]
     t0: float  # the engine's first send: every *_s figure is seconds after it
@@ -50,6 +52,7 @@ class RolloutFacts:
     settings: Mapping[str, Any]  # rollout mode, replicas, restarts, controls, endpoint lag
     cold_start_s: float
     extra: Mapping[str, Any] = field(default_factory=dict)  # chart pod, runtime, config, dirs
+    front: Mapping[str, Any] = field(default_factory=lambda: {"name": "haproxy"})
 
 
 def _rel(facts: RolloutFacts, t: float | None) -> float | None:
@@ -66,8 +69,44 @@ def _window(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def shutting_down(pods: Sequence[PodSnapshot], start: float, end: float) -> list[str]:
+    """The pods whose shutdown (terminating to exited) overlapped [start, end]: where a failure
+    may come from when no access log says which pod took the request. (The engine records
+    no duration for a failed request: its [start, end] is its send time.)"""
+    return [
+        p.name
+        for p in pods
+        if "terminating" in p.events
+        and p.events["terminating"] <= end
+        and p.events.get("exited", math.inf) >= start
+    ]
+
+
+def _failures_by_time(facts: RolloutFacts) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Failed requests per pod shutting down while they ran ("none" when no pod was, a
+    comma-joined key when several were), and each failure with those pods."""
+    by_pod: dict[str, int] = {}
+    failures = []
+    for r in (r for r in facts.records if not r.ok):
+        pods = shutting_down(facts.pods, r.start, r.end)
+        key = ",".join(pods) or "none"
+        by_pod[key] = by_pod.get(key, 0) + 1
+        failures.append(
+            {
+                "request_id": r.request_id,
+                "sent_s": _rel(facts, r.start),
+                "ended_s": _rel(facts, r.end),
+                "cause": r.cause,
+                "pods_shutting_down": pods,
+            }
+        )
+    return dict(sorted(by_pod.items())), failures
+
+
 def _failures(facts: RolloutFacts) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Failed requests per pod, and each failure with where HAProxy sent it."""
+    if facts.access is None:
+        return _failures_by_time(facts)
     by_pod: dict[str, int] = {}
     failures = []
     for r in (r for r in facts.records if not r.ok):
@@ -112,17 +151,18 @@ def _replacement_windows(facts: RolloutFacts) -> list[dict[str, Any]]:
     ]
 
 
-def _access_log_check(facts: RolloutFacts) -> dict[str, Any]:
-    matched = [r for r in facts.records if r.request_id in facts.access]
+def _access_log_check(facts: RolloutFacts) -> dict[str, Any] | None:
+    if facts.access is None:
+        return None
+    access = facts.access
+    matched = [r for r in facts.records if r.request_id in access]
     # HAProxy logs each request it parsed: these never reached it as requests.
-    unlogged = [r for r in facts.records if r.request_id not in facts.access]
+    unlogged = [r for r in facts.records if r.request_id not in access]
     return {
         "records": len(facts.records),
         "matched": len(matched),
         "status_disagreements": [
-            r.request_id
-            for r in matched
-            if not r.agrees_with_status(facts.access[r.request_id].status)
+            r.request_id for r in matched if not r.agrees_with_status(access[r.request_id].status)
         ][:20],
         "unlogged": [
             {"request_id": r.request_id, "sent_s": _rel(facts, r.start), "cause": r.cause}
@@ -156,6 +196,7 @@ def build_report(facts: RolloutFacts) -> dict[str, Any]:
         "failed": sum(not r.ok for r in records),
         "failures_by_cause": failure_counts(list(records)),
         "failure_examples": failure_examples(list(records)),
+        "front": dict(facts.front),
         "failures_by_pod": by_pod,
         "restart_window": {
             "start_s": _rel(facts, facts.t_start),

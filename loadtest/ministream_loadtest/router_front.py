@@ -1,0 +1,267 @@
+"""vLLM's router (the real `vllm-router`, with the chart's rendered arguments) in front of the
+rollout's pods, and what the cluster does around it.
+
+In a cluster the router finds the serving pods itself (`--service-discovery`, docs/fleet.md
+"vLLM's router"): it adds a pod once it is Running and Ready, and removes it at once when it
+turns not Ready or gets a deletionTimestamp. Here nothing else provides that, so this module
+plays it:
+- the kubelet's readiness probe of each slot's pod: the chart's rendered readiness probe
+  (`ChartPod.readiness_probe`: path, period, timeout, failure and success thresholds) run by
+  `probes.PodProbes` from the pod's creation, as HAProxy's health check does for the other
+  front;
+- the router's discovery: a pod that turns Ready is added through the router's worker API
+  (`/add_worker`), one that turns not Ready is removed (`/remove_worker`); a terminating pod
+  is removed when the orchestrator calls `remove_endpoint`, `endpoint_lag` after its
+  termination began (the watch's delivery delay, the same knob as HAProxy's DRAIN).
+Everything else is the router's own: its health checks of vLLM's /health, its retries of 5xx
+and connection errors on another replica, its circuit breaker, with the chart's values.
+
+The router logs no per-request line at info level (nor the request id it forwards), so
+there is no access log to trace a failure to a pod: the report traces failures by time and
+records the router's own counters (retries, per-worker requests, errors) before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ministream_testkit import router as router_kit
+
+from .chart_pod import ChartPod
+from .haproxy import Slot
+from .probes import PodProbes
+
+# The router's own metric families all carry this prefix (vllm-router 0.1.17).
+ROUTER_METRIC_PREFIX = "vllm_router_"
+# How often the discovery compares what should be routed with what is.
+_DISCOVERY_INTERVAL_S = 0.1
+
+
+def require_router() -> Path:
+    """The vllm-router launcher; a missing one is named with how to install it."""
+    if not router_kit.VLLM_ROUTER.exists():
+        raise FileNotFoundError(router_kit.INSTALL_HINT)
+    return router_kit.VLLM_ROUTER
+
+
+def discovery_changes(desired: Iterable[int], routed: Iterable[int]) -> tuple[list[int], list[int]]:
+    """(slots to add, slots to remove) that bring the router's workers to `desired`."""
+    want, have = set(desired), set(routed)
+    return sorted(want - have), sorted(have - want)
+
+
+def slot_state(*, routed: bool, endpoint: bool, terminating: bool) -> str:
+    """A slot as the StateWatcher reports it, in HAProxy's words so both fronts read alike:
+    UP (the router routes to it), DRAIN (terminating, removed), DOWN (a pod not Ready),
+    MAINT (no pod)."""
+    if routed:
+        return "UP"
+    if terminating:
+        return "DRAIN"
+    return "DOWN" if endpoint else "MAINT"
+
+
+def router_counters(metrics_text: str) -> dict[str, float]:
+    """Every counter sample the router exports, keyed `name{label="value",...}`."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.type != "counter" or not family.name.startswith(ROUTER_METRIC_PREFIX):
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each counter gained between two readings (a series new since `before` counts
+    from 0); unchanged series are left out."""
+    deltas = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return {k: d for k, d in sorted(deltas.items()) if d}
+
+
+@dataclass
+class _Endpoint:
+    """A slot's pod as the cluster sees it: its readiness prober and whether it terminates."""
+
+    slot: Slot
+    probes: PodProbes
+    terminating: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.probes.logs["readiness"].ready
+
+
+@dataclass
+class RouterFront:
+    """The router and its discovery, with the interface `fronts.Front` names."""
+
+    workdir: Path
+    slots: list[Slot]
+    chart: ChartPod
+    clock: Callable[[], float] = time.perf_counter
+    name: str = "router"
+    # (clock time, slot server, "added" | "removed: not ready" | "removed: terminating")
+    discovery_events: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.chart.router_args:
+            raise ValueError("the chart rendered no router: the router front needs router.enabled")
+        require_router()
+        self.router = router_kit.RouterProcess(
+            workers=[], log_path=self.workdir / "router.log", chart_args=self.chart.router_args
+        )
+        self._endpoints: dict[int, _Endpoint] = {}
+        self._routed: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._discover, name="discovery", daemon=True)
+        self.counters_before: dict[str, float] = {}
+        self.counters_after: dict[str, float] = {}
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    def worker_url(self, slot: Slot) -> str:
+        return f"http://{slot.host}:{slot.api_port}"
+
+    def start(self) -> RouterFront:
+        self.router.start()
+        self.counters_before = self._counters()
+        self._thread.start()
+        return self
+
+    # --- the endpoints, as the orchestrator changes them ------------------------------------
+    def add_endpoint(self, slot: Slot) -> None:
+        """A new pod in `slot`: probed from now on, routed once Ready."""
+        urls = {"sidecar": f"http://{slot.host}:{slot.sidecar_port}", "api": self.worker_url(slot)}
+        probes = PodProbes((self.chart.readiness_probe,), urls, self.clock(), self.clock)
+        with self._lock:
+            old = self._endpoints.pop(slot.index, None)
+            self._endpoints[slot.index] = _Endpoint(slot, probes.start())
+            # A slot still routed for its previous pod (one whose removal never came, e.g.
+            # `--endpoint-lag inf` before its probe failed) leaves the router now.
+            self._sync()
+        if old is not None:
+            self._stop_probes(old)
+
+    def mark_unready(self, slot: Slot) -> None:
+        """Forget the pod's readiness: Ready again only after its probe passes anew."""
+        self.add_endpoint(slot)
+
+    def remove_endpoint(self, slot: Slot) -> None:
+        """A terminating pod: its deletion reaches the router's watch now, which removes it;
+        requests in flight run on."""
+        with self._lock:
+            endpoint = self._endpoints.get(slot.index)
+            if endpoint is None:
+                return
+            endpoint.terminating = True
+            self._sync()
+        self._stop_probes(endpoint)
+
+    def _stop_probes(self, endpoint: _Endpoint) -> None:
+        # In the background: a probe in flight may take its whole timeout to end.
+        threading.Thread(target=endpoint.probes.stop, daemon=True).start()
+
+    # --- the router's discovery ---------------------------------------------------------
+    def _discover(self) -> None:
+        while not self._stop.wait(_DISCOVERY_INTERVAL_S):
+            with self._lock:
+                self._sync()
+
+    def _sync(self) -> None:
+        """Bring the router's workers to the Ready, non-terminating pods (under the lock)."""
+        desired = [i for i, e in self._endpoints.items() if e.ready and not e.terminating]
+        add, remove = discovery_changes(desired, self._routed)
+        for i in add:
+            if self._call("add_worker", self._endpoints[i].slot):
+                self._routed.add(i)
+                self._event(i, "added")
+        for i in remove:
+            endpoint = self._endpoints.get(i)
+            slot = endpoint.slot if endpoint else self.slots[i]
+            if self._call("remove_worker", slot):
+                self._routed.discard(i)
+                why = "terminating" if endpoint and endpoint.terminating else "not ready"
+                self._event(i, f"removed: {why}")
+
+    def _call(self, action: str, slot: Slot) -> bool:
+        """One call of the router's worker API; False to try again on the next pass."""
+        try:
+            answer = httpx.post(
+                f"{self.url}/{action}", params={"url": self.worker_url(slot)}, timeout=30
+            )
+        except httpx.HTTPError:
+            return False
+        return answer.status_code < 300
+
+    def _event(self, index: int, what: str) -> None:
+        self.discovery_events.append((self.clock(), self.slots[index].server, what))
+
+    # --- what the StateWatcher and the report read --------------------------------------
+    def states(self) -> dict[str, str]:
+        """Slot server -> its state, UP from the router's own /workers list."""
+        routed = set(router_kit.routed_workers(self.url))
+        with self._lock:
+            endpoints = dict(self._endpoints)
+        return {
+            slot.server: slot_state(
+                routed=self.worker_url(slot) in routed,
+                endpoint=slot.index in endpoints,
+                terminating=slot.index in endpoints and endpoints[slot.index].terminating,
+            )
+            for slot in self.slots
+        }
+
+    def access_log(self) -> None:
+        """The router writes no per-request log: failures are traced by time."""
+        return None
+
+    def _counters(self) -> dict[str, float]:
+        try:
+            return router_counters(httpx.get(self.router.metrics_url, timeout=10).text)
+        except httpx.HTTPError:
+            return {}
+
+    def describe(self, t0: float) -> dict[str, Any]:
+        """The front for the report: the router's command line, its discovery's events
+        (seconds after `t0`) and what its counters gained over the run."""
+        return {
+            "name": self.name,
+            "router_command": self.router.command()[1:],
+            "router_log": str(self.router.log_path),
+            "readiness_probe": asdict(self.chart.readiness_probe),
+            "discovery_events": [
+                {"t_s": round(t - t0, 3), "server": s, "event": e}
+                for t, s, e in self.discovery_events
+            ],
+            "router_counters": counter_deltas(self.counters_before, self.counters_after),
+            "failure_tracing": "by time: the router logs no per-request line",
+        }
+
+    def stop(self) -> None:
+        if self.router.process is not None and self.router.process.poll() is None:
+            self.counters_after = self._counters()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            endpoints = list(self._endpoints.values())
+        for endpoint in endpoints:
+            with contextlib.suppress(RuntimeError):
+                endpoint.probes.stop()
+        self.router.stop()
