@@ -230,8 +230,11 @@ case "$step" in
     install_api_wheels
     compile_bytecode
     export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
-    # --kv-cache-memory-bytes as the chart would size it for one GPU (it does not yet):
-    #   KV = floor(GPU memory x gpu-memory-utilization (vLLM's 0.9) - weights - reserve)
+    # --kv-cache-memory-bytes as the chart sizes it for one GPU (the chart's formula,
+    # ministream.kvCacheBytes in charts/ministream/templates/_budgets.tpl, is the reference:
+    # accelerator.memoryGiB, model.sizeGiB, vllm.kvCacheReserveGiB):
+    #   KV = floor(GPU memory x gpu-memory-utilization (0.9, the GPU host's vLLM 0.25.1's
+    #   default; 0.92 in 0.32) - weights - reserve)
     # GPU memory from nvidia-smi (MiB), weights = the model's safetensors bytes, reserve
     # (activations of the profiling batch, CUDA graphs, CUDA context) KV_RESERVE_MIB, 2048.
     if [ -z "${KV_BYTES:-}" ]; then

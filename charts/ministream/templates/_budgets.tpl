@@ -117,3 +117,33 @@ the binary Ki Mi Gi Ti (dict "quantity" Q "at" "the value's path", for the error
 {{- $bytes := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
 {{- ceil (divf (mulf $num (index $bytes $unit)) 1048576.0) | int -}}
 {{- end -}}
+
+{{/*
+vLLM's KV cache per rank in bytes (`--kv-cache-memory-bytes`), or "" to let vLLM profile it.
+Given, vLLM skips its memory profiling at start (H200: 1.8 s -> 0.6-0.9 s, docs/benchmarks.md
+runs 13 and 17). vllm.kvCacheMemoryGiB wins; else, on a GPU with accelerator.memoryGiB set:
+  floor((memoryGiB x U - sizeGiB / (tensor x pipeline) - vllm.kvCacheReserveGiB) x 2^30)
+U = vllm.gpuMemoryUtilization or vLLM's own default (0.92 in vLLM 0.32, CacheConfig;
+tests/charts check it against the installed vLLM), the reserve covers activations, CUDA graphs
+and the CUDA context. scripts/gpu/h200.sh computes its KV_BYTES the same way.
+*/}}
+{{- define "ministream.kvCacheBytes" -}}
+{{- $v := .Values -}}
+{{- $given := $v.vllm.kvCacheMemoryGiB -}}
+{{- if not (kindIs "invalid" $given) -}}
+{{- if le (float64 $given) 0.0 -}}
+{{- fail (printf "vllm.kvCacheMemoryGiB=%v: the KV cache needs a size above 0 GiB. Set a positive size, or leave it null." $given) -}}
+{{- end -}}
+{{- floor (mulf $given 1073741824) | int64 -}}
+{{- else if and (eq $v.accelerator.type "gpu") (not (kindIs "invalid" $v.accelerator.memoryGiB)) -}}
+{{- $u := $v.vllm.gpuMemoryUtilization | default 0.92 -}}
+{{- $world := (include "ministream.layout" . | fromYaml).world -}}
+{{- $weights := divf $v.model.sizeGiB $world -}}
+{{- $gib := subf (mulf $v.accelerator.memoryGiB $u) $weights $v.vllm.kvCacheReserveGiB -}}
+{{- $bytes := floor (mulf $gib 1073741824) | int64 -}}
+{{- if le $bytes 0 -}}
+{{- fail (printf "no room for a KV cache: accelerator.memoryGiB (%v) x gpu-memory-utilization (%v) - model.sizeGiB (%v) / tensor x pipeline (%v) - vllm.kvCacheReserveGiB (%v) = %v GiB. Check accelerator.memoryGiB and model.sizeGiB, raise parallelism, lower vllm.kvCacheReserveGiB, or set vllm.kvCacheMemoryGiB." $v.accelerator.memoryGiB $u $v.model.sizeGiB $world $v.vllm.kvCacheReserveGiB $gib) -}}
+{{- end -}}
+{{- $bytes -}}
+{{- end -}}
+{{- end -}}

@@ -38,6 +38,10 @@
 - --gpu-memory-utilization
 - {{ . | quote }}
 {{- end }}
+{{- with include "ministream.kvCacheBytes" . }}
+- --kv-cache-memory-bytes
+- {{ . | quote }}
+{{- end }}
 {{- with .Values.vllm.maxModelLen }}
 - --max-model-len
 - {{ int . | quote }}
