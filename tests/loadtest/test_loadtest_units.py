@@ -222,6 +222,39 @@ def _record(i: int, start: float, ok: bool = True) -> RequestRecord:
     )
 
 
+def test_without_an_access_log_failures_are_traced_by_time() -> None:
+    """Behind the router: a failure is put on the pods that were shutting down while it ran."""
+    pods = [
+        PodSnapshot("v1-0", "slot0", {"created": 0.0, "terminating": 50.0, "exited": 60.0}),
+        PodSnapshot("v1-1", "slot1", {"created": 0.0}),
+    ]
+    records = [
+        _record(0, 30.0, ok=False),  # before any shutdown
+        _record(1, 49.8, ok=False),  # in flight when v1-0's shutdown began
+        _record(2, 55.0),
+    ]
+    report = build_report(
+        RolloutFacts(
+            records=records,
+            access=None,
+            pods=pods,
+            replacements=[Replacement("v1-0", "v2-0", False, 2.0, 50.0)],
+            t0=0.0,
+            t_start=50.0,
+            t_end=70.0,
+            lb_changes=[],
+            engine_result={"completed": 1, "failed": 2, "duration": 80.0},
+            load={},
+            settings={},
+            cold_start_s=1.0,
+            front={"name": "router"},
+        )
+    )
+    assert report["failures_by_pod"] == {"none": 1, "v1-0": 1}
+    assert report["failures"][1]["pods_shutting_down"] == ["v1-0"]
+    assert report["access_log_check"] is None and report["front"] == {"name": "router"}
+
+
 def test_the_report_traces_failures_to_pods_and_splits_the_window_per_replacement() -> None:
     """build_report on hand-made facts: a drained replacement (v1-0 -> v2-0) and a control
     (v1-1 -> v2-1); the control's request sent while its endpoint lingered fails as v1-1's."""

@@ -21,9 +21,6 @@ import pytest
 from ministream_loadtest.chart_pod import chart_pod
 from ministream_loadtest.fronts import front_chart_values, open_front
 from ministream_loadtest.haproxy import Slot, StateWatcher
-from ministream_loadtest.records import RequestRecord
-from ministream_loadtest.rollout_plan import Replacement
-from ministream_loadtest.rollout_report import PodSnapshot, RolloutFacts, build_report
 from ministream_loadtest.router_front import (
     RouterFront,
     counter_deltas,
@@ -228,52 +225,3 @@ def test_a_missing_router_is_named_with_its_install_step(
     monkeypatch.setattr(cli.signal, "signal", lambda *_: None)  # keep pytest's SIGTERM
     code = cli.main([*ROLLOUT, "--front", "router"])
     assert code == 2 and router_kit.INSTALL_HINT in capsys.readouterr().err
-
-
-def test_without_an_access_log_failures_are_traced_by_time() -> None:
-    """Behind the router: a failure is put on the pods that were shutting down while it ran."""
-    pods = [
-        PodSnapshot("v1-0", "slot0", {"created": 0.0, "terminating": 50.0, "exited": 60.0}),
-        PodSnapshot("v1-1", "slot1", {"created": 0.0}),
-    ]
-    records = [
-        _record(0, 30.0, ok=False),  # before any shutdown
-        _record(1, 49.8, ok=False),  # in flight when v1-0's shutdown began
-        _record(2, 55.0),
-    ]
-    report = build_report(
-        RolloutFacts(
-            records=records,
-            access=None,
-            pods=pods,
-            replacements=[Replacement("v1-0", "v2-0", False, 2.0, 50.0)],
-            t0=0.0,
-            t_start=50.0,
-            t_end=70.0,
-            lb_changes=[],
-            engine_result={"completed": 1, "failed": 2, "duration": 80.0},
-            load={},
-            settings={},
-            cold_start_s=1.0,
-            front={"name": "router"},
-        )
-    )
-    assert report["failures_by_pod"] == {"none": 1, "v1-0": 1}
-    assert report["failures"][1]["pods_shutting_down"] == ["v1-0"]
-    assert report["access_log_check"] is None and report["front"] == {"name": "router"}
-
-
-def _record(i: int, start: float, ok: bool = True) -> RequestRecord:
-    return RequestRecord(
-        index=i,
-        request_id=f"rollout-{i}",
-        start=start,
-        success=ok,
-        error="" if ok else "Server disconnected",
-        ttft=0.1 if ok else 0.0,
-        itl=(0.01,) if ok else (),
-        latency=0.5,
-        input_len=8,
-        output_len=4 if ok else 0,
-        expected_output_len=4,
-    )
