@@ -389,8 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.write_chart_router:
-        rendered = chart_router(None)
-        Path(args.write_chart_router).write_text(json.dumps(rendered, indent=2) + "\n")
+        target = Path(args.write_chart_router)
+        tmp = target.with_suffix(".tmp")  # a failed render leaves the committed file as it was
+        tmp.write_text(json.dumps(chart_router(None), indent=2) + "\n")
+        tmp.replace(target)
         return 0
     if not (args.model and args.out):
         p.error("--model and --out are required")
