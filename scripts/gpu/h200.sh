@@ -17,10 +17,11 @@
 #     (engine core forked, not spawned), chart-graphs64-{fresh,seeded,warm} (capture size
 #     64), chart-kvb-{fresh,seeded,warm} (capture size 64 + --kv-cache-memory-bytes=KV_BYTES,
 #     sized below unless given) and the pseudo-variant importprofile;
-#     HIDE_HOST_PACKAGES=1 starts without the host-only packages; NAME.N repeats NAME;
+#     HIDE_HOST_PACKAGES=1 starts without the host-only packages (HIDE_PACKAGES);
+#     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
 #     the page cache first), NAME-prefetch (the model and cache root read beside the start),
-#     NAME-pyc (a name only, kept for older runs); DEADLINE=<epoch s> skips variants that
+#     NAME-hide (the host-only packages hidden), NAME-pyc (a name only, kept for older runs); DEADLINE=<epoch s> skips variants that
 #     could not finish before it; COLD_LIMIT (s per run, default 200), COLD_LIMIT_FRESH (s
 #     per *-fresh run, default COLD_LIMIT): a fresh-cache start can take > 95 s.
 #     The API server needs packages the vLLM transfer does not pack: carry `.whl` (uvicorn,
@@ -139,7 +140,7 @@ step_record() {  # OUT/<step>-<n>/step.json: the step, its settings, start and e
 import json, os, sys, time
 from ministream_testkit.provenance import stamp
 keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES KV_RESERVE_MIB "
-        "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
+        "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES HIDE_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
         "OFFLOAD_LIMIT OFFLOAD_ARGS ROUTING_REPLICAS ROUTING_KV_GIB ROUTING_RATE ROUTING_ROUNDS "
         "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES").split()
 rec = {"step": sys.argv[2], "started": float(sys.argv[3]), "ended": time.time(),
@@ -249,29 +250,32 @@ PY
 )
     fi
     export KV_BYTES; echo "KV_BYTES=$KV_BYTES ($(( KV_BYTES >> 20 )) MiB)" | tee "$out/kv-bytes.txt"
-    if [ "${HIDE_HOST_PACKAGES:-0}" = 1 ]; then
-      # Starts as if the GPU host's Python lacked packages it has only because its image has
-      # them (run6/import-profile.json: 3.5 s of self time): each is marked absent in
-      # sys.modules, so `import` fails and importlib.util.find_spec returns None, as for a
-      # package that is not installed. Every process of the server (forked or spawned)
-      # runs this sitecustomize first. Run 12: every such start failed, because vLLM
-      # 0.25.1's kernel warmup imports torchvision (docs/results/h200/run12/calls.txt).
-      mkdir -p /tmp/hide
-      printf 'import sys\nfor _n in %s:\n    sys.modules.setdefault(_n, None)\n' \
-        "('scipy', 'torchvision', 'pandas', 'pyarrow', 'cv2', 'sklearn')" > /tmp/hide/sitecustomize.py
-      export PYTHONPATH=/tmp/hide:$PYTHONPATH
-    fi
+    # Packages the GPU host's Python has only because its image has them, which vLLM imports
+    # when they are present (run 18's import profile: scipy 1.0 s, pandas 0.5 s, pyarrow
+    # 0.2 s, sklearn 0.1 s of self time). A start with the suffix -hide (every start, with
+    # HIDE_HOST_PACKAGES=1) runs as if they were not installed: this sitecustomize marks each
+    # absent in sys.modules, so `import` fails and importlib.util.find_spec returns None, and
+    # every process of the server (forked or spawned) runs it first. HIDE_PACKAGES names
+    # them; torchvision and cv2 stay: vLLM 0.25.1 requires both, and its kernel warmup
+    # imports torchvision (run 12: every start with it hidden failed).
+    mkdir -p /tmp/hide
+    hide_list=$(printf "'%s', " ${HIDE_PACKAGES:-scipy pandas pyarrow sklearn})
+    printf 'import sys\nfor _n in (%s):\n    sys.modules.setdefault(_n, None)\n' \
+      "$hide_list" > /tmp/hide/sitecustomize.py
+    [ "${HIDE_HOST_PACKAGES:-0}" = 1 ] && export PYTHONPATH=/tmp/hide:$PYTHONPATH
     for v in ${COLD:?COLD=\"variant ...\"}; do
       name=$v; v=${v%%.*}  # NAME.N: a repeat of NAME (its own result file)
       # Suffixes, any order: -nopyc (no bytecode: an empty PYTHONPYCACHEPREFIX), -evict (the
       # model's files dropped from the page cache first), -prefetch (a reader of the model
-      # and the cache root started with the server), -pyc (a name only: after `pyc`).
-      nopyc=0 evict=0 prefetch=0
+      # and the cache root started with the server), -hide (the host-only packages hidden,
+      # above), -pyc (a name only: after `pyc`).
+      nopyc=0 evict=0 prefetch=0 hide=0
       while :; do
         case $v in
           *-nopyc) nopyc=1; v=${v%-nopyc} ;;
           *-evict) evict=1; v=${v%-evict} ;;
           *-prefetch) prefetch=1; v=${v%-prefetch} ;;
+          *-hide) hide=1; v=${v%-hide} ;;
           *-pyc) v=${v%-pyc} ;;
           *) break ;;
         esac
@@ -319,7 +323,8 @@ PY
         chart-debug)  # chart-warm with vLLM's DEBUG log: finer stamps inside the phases
           a=(--mode chart --cache-root /tmp/cc/chart --env VLLM_LOGGING_LEVEL=DEBUG) ;;
         importprofile)  # where the import time goes (also warms the page cache for Python)
-          python3 scripts/gpu/import_profile.py --out "$out/import-profile.json" |
+          hp=(); [ $hide = 1 ] && hp=(PYTHONPATH=/tmp/hide:$PYTHONPATH)
+          env "${hp[@]}" python3 scripts/gpu/import_profile.py --out "$out/import-profile-$name.json" |
             head -30; continue ;;
         *) echo "unknown variant $v"; continue ;;
       esac
@@ -331,6 +336,7 @@ PY
       fi
       pycenv=()  # -nopyc: Python looks for bytecode only under an empty prefix
       [ $nopyc = 1 ] && { rm -rf /tmp/nopyc; pycenv=(PYTHONPYCACHEPREFIX=/tmp/nopyc); }
+      [ $hide = 1 ] && pycenv+=(PYTHONPATH=/tmp/hide:$PYTHONPATH)
       wait_gpu_free
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
       # makes cold_start.py stop the server and write what it has (the first
