@@ -12,6 +12,7 @@ the lines into phases; the result goes to OUT/NAME.json and the stamped log to O
         --out OUT --cache-root /tmp/cache/a --fresh-cache
     python scripts/gpu/cold_start.py table OUT      # markdown table of every run in OUT
     python scripts/gpu/cold_start.py summary OUT... # per variant: median [min–max] per phase
+    python scripts/gpu/cold_start.py pairs OUT... --a V1 --b V2  # V1 against V2, start by start
 
 Caches: `--cache-root` is VLLM_CACHE_ROOT (Triton's cache inside it, as the chart sets
 it); `--fresh-cache` empties it first (a node that never ran the model);
@@ -34,6 +35,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +45,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from paired_stats import bootstrap_median_ci
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar.startup_phases import PHASES, parse
@@ -320,10 +324,64 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 
 
+def _load_runs(dirs: list[str]) -> list[dict[str, Any]]:
+    """Every run result (JSON with name, phases and events) under `dirs`, recursively."""
+    runs = [json.loads(p.read_text()) for d in dirs for p in sorted(Path(d).rglob("*.json"))]
+    return [r for r in runs if "phases" in r and "name" in r and "events" in r]
+
+
+def repeat_of(name: str) -> int:
+    """A run's repeat number: `chart-warm.3-hide` -> 3, `chart-warm` -> 1."""
+    m = re.search(r"\.(\d+)(?=-|$)", name)
+    return int(m.group(1)) if m else 1
+
+
+def _measure(run: dict[str, Any], what: str) -> float | None:
+    if what == "ready":
+        return run["events"].get("ready")
+    if what == "after_imports":
+        return _after_imports(run)
+    return run["phases"].get(what)
+
+
+def pairs(args: argparse.Namespace) -> int:
+    """Variant A against variant B, start by start: starts with the same repeat number (and,
+    where results from several calls are given, from the same folder) form a pair, run back
+    to back, so each pair's difference cancels the machine's slow drift. Prints every pair
+    and the median difference A - B with its 95 % bootstrap interval over pairs."""
+    by_key: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for d in args.dirs:
+        for r in _load_runs([d]):
+            if r.get("ok"):
+                by_key[(d, variant_of(r["name"]), repeat_of(r["name"]))] = r
+    rows = []
+    for (d, variant, n), a in sorted(by_key.items()):
+        b = by_key.get((d, args.b, n))
+        if variant != args.a or b is None:
+            continue
+        va, vb = _measure(a, args.phase), _measure(b, args.phase)
+        if va is not None and vb is not None:
+            rows.append((a["name"], b["name"], va, vb))
+    if not rows:
+        print(f"no pairs of {args.a} and {args.b} with {args.phase} in {args.dirs}")
+        return 1
+    print(f"| {args.a} | {args.b} | {args.phase} A | {args.phase} B | A − B |")
+    print("|---|---|---:|---:|---:|")
+    for na, nb, va, vb in rows:
+        print(f"| {na} | {nb} | {va:.1f} | {vb:.1f} | {va - vb:+.1f} |")
+    diffs = [va - vb for _, _, va, vb in rows]
+    lo, hi = bootstrap_median_ci(diffs)
+    faster = sum(x < 0 for x in diffs)
+    print(
+        f"{len(rows)} pairs: median A − B {statistics.median(diffs):+.2f} s "
+        f"[{lo:+.2f}, {hi:+.2f}] (95 % bootstrap over pairs); A lower in {faster} of {len(rows)}"
+    )
+    return 0
+
+
 def summary(args: argparse.Namespace) -> int:
     """Per variant over its repeats: n started, n ok, median [min–max] of each phase."""
-    runs = [json.loads(p.read_text()) for d in args.dirs for p in sorted(Path(d).rglob("*.json"))]
-    runs = [r for r in runs if "phases" in r and "name" in r and "events" in r]
+    runs = _load_runs(args.dirs)
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: r.get("provenance", {}).get("created", "")):
         groups.setdefault(variant_of(r["name"]), []).append(r)
@@ -388,6 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dirs", nargs="+", help="folders searched for run JSON (recursively)")
     s.add_argument("--order", default="", help="comma-separated variants, in this order")
     s.set_defaults(func=summary)
+    q = sub.add_parser("pairs", help="variant A against variant B, start by start")
+    q.add_argument("dirs", nargs="+", help="one folder per call; pairs never cross folders")
+    q.add_argument("--a", required=True, help="variant A (e.g. chart-kvb-warm-hide)")
+    q.add_argument("--b", required=True, help="variant B (e.g. chart-kvb-warm)")
+    q.add_argument(
+        "--phase", default="ready", help="ready, after_imports or a phase (e.g. imports)"
+    )
+    q.set_defaults(func=pairs)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -142,6 +142,38 @@ def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-unty
     assert rows[2].endswith("| 3/3 |")
 
 
+def test_cold_start_pairs_matches_repeats_within_a_call(  # type: ignore[no-untyped-def]
+    gpu_module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cold = gpu_module("cold_start")
+    assert cold.repeat_of("warm-hide.3") == 3 and cold.repeat_of("warm-hide") == 1
+    assert cold.repeat_of("seeded.2-fork") == 2
+    calls = {
+        "call1": [
+            _cold_run("warm", 21.0, 10.0),
+            _cold_run("warm-hide", 19.0, 8.0),
+            _cold_run("warm.2", 22.0, 11.0),
+            _cold_run("warm-hide.2", 21.5, 10.0),
+            _cold_run("warm-hide.3", 15.0, 6.0),  # no partner: left out
+        ],
+        # Same repeat numbers in another call: paired within it, never across calls.
+        "call2": [_cold_run("warm", 30.0, 9.0), _cold_run("warm-hide", 27.0, 8.5)],
+    }
+    for call, runs in calls.items():
+        (tmp_path / call).mkdir()
+        for r in runs:
+            (tmp_path / call / f"{r['name']}.json").write_text(json.dumps(r))
+    dirs = [str(tmp_path / c) for c in calls]
+    assert cold.main(["pairs", *dirs, "--a", "warm-hide", "--b", "warm"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| warm")][1:]  # no header
+    assert [r.split(" | ")[-1] for r in rows] == ["-2.0 |", "-0.5 |", "-3.0 |"]
+    assert "3 pairs: median A − B -2.00 s" in out and "A lower in 3 of 3" in out
+    assert cold.main(["pairs", *dirs, "--a", "warm-hide", "--b", "warm", "--phase", "imports"]) == 0
+    assert "median A − B -1.00 s" in capsys.readouterr().out
+    assert cold.main(["pairs", *dirs, "--a", "cold", "--b", "warm"]) == 1  # nothing to pair
+
+
 def test_chart_args_extract_reads_the_vllm_container() -> None:
     sys.path.insert(0, str(GPU_SCRIPTS))
     try:
