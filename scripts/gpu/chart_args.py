@@ -4,10 +4,15 @@ The cold-start benchmark (cold_start.py) runs on a GPU machine without helm, so 
 chart's defaults are rendered here into a JSON file that travels with the tree:
 
     python scripts/gpu/chart_args.py [--values FILE] > scripts/gpu/chart-defaults.json
+    python scripts/gpu/chart_args.py --set accelerator.memoryGiB=140 --set model.sizeGiB=3 \
+        > scripts/gpu/chart-defaults-h200.json   # + the chart's KV-cache size for one H200
 
 Rendered with the chart's default values plus the minimal local-path scenario
-(`charts/ministream/ci/local-tp1-values.yaml`). Only literal env values are kept (secrets
-and field refs have no meaning outside a pod).
+(`charts/ministream/ci/local-tp1-values.yaml`) and any `--set`. Only literal env values are
+kept (secrets and field refs have no meaning outside a pod). The H200 rendering gives
+`h200.sh` the chart's own `--kv-cache-memory-bytes` for that GPU (nvidia-smi: 143 771 MiB,
+i.e. 140 GiB; gpu-1b's 2.3 GB of weights rounded up to 3 GiB), so the formula is not
+restated there.
 """
 
 from __future__ import annotations
@@ -58,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         "--values", default=str(ROOT / "charts/ministream/ci/local-tp1-values.yaml")
     )
     parser.add_argument("--helm", help="helm binary (default: helm_path's lookup)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value, repeatable"
+    )
     args = parser.parse_args(argv)
+    sets = [a for kv in args.set for a in ("--set", kv)]
     rendered = subprocess.run(
         [
             helm_path(args.helm),
@@ -67,12 +76,15 @@ def main(argv: list[str] | None = None) -> int:
             str(ROOT / "charts/ministream"),
             "-f",
             args.values,
+            *sets,
         ],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     out = extract(rendered) | {"rendered_with": Path(args.values).name}
+    if args.set:
+        out["set"] = args.set
     json.dump(out, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -16,7 +16,7 @@
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
 #     (engine core forked, not spawned), chart-graphs64-{fresh,seeded,warm} (capture size
 #     64), chart-kvb-{fresh,seeded,warm} (capture size 64 + --kv-cache-memory-bytes=KV_BYTES,
-#     sized below unless given) and the pseudo-variant importprofile;
+#     the chart's own size for one H200 unless given) and the pseudo-variant importprofile;
 #     HIDE_HOST_PACKAGES=1 starts without the host-only packages (HIDE_PACKAGES);
 #     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
@@ -139,7 +139,7 @@ step_record() {  # OUT/<step>-<n>/step.json: the step, its settings, start and e
     python3 - "$out/step.json" "$step" "$started" <<'PY'
 import json, os, sys, time
 from ministream_testkit.provenance import stamp
-keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES KV_RESERVE_MIB "
+keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES "
         "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES HIDE_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
         "OFFLOAD_LIMIT OFFLOAD_ARGS ROUTING_REPLICAS ROUTING_KV_GIB ROUTING_RATE ROUTING_ROUNDS "
         "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES").split()
@@ -231,23 +231,13 @@ case "$step" in
     install_api_wheels
     compile_bytecode
     export PYTHONDONTWRITEBYTECODE=1  # the serving image's setting (read-only root FS)
-    # --kv-cache-memory-bytes as the chart sizes it for one GPU (the chart's formula,
-    # ministream.kvCacheBytes in charts/ministream/templates/_budgets.tpl, is the reference:
-    # accelerator.memoryGiB, model.sizeGiB, vllm.kvCacheReserveGiB):
-    #   KV = floor(GPU memory x gpu-memory-utilization (0.9, the GPU host's vLLM 0.25.1's
-    #   default; 0.92 in 0.32) - weights - reserve)
-    # GPU memory from nvidia-smi (MiB), weights = the model's safetensors bytes, reserve
-    # (activations of the profiling batch, CUDA graphs, CUDA context) KV_RESERVE_MIB, 2048.
+    # --kv-cache-memory-bytes: the chart's own value for one H200, rendered where helm is
+    # (scripts/gpu/chart-defaults-h200.json, chart_args.py --set accelerator.memoryGiB=140
+    # --set model.sizeGiB=3; a test keeps it current). KV_BYTES=N overrides it (runs 13 and
+    # 17 used 0.9 of the device minus the weights and 2 GiB: 131135632726).
     if [ -z "${KV_BYTES:-}" ]; then
-      KV_BYTES=$(python3 - "$M/gpu-1b" "${KV_RESERVE_MIB:-2048}" <<'PY'
-import math, subprocess, sys
-from pathlib import Path
-mib = int(subprocess.check_output(["nvidia-smi", "--query-gpu=memory.total",
-                                   "--format=csv,noheader,nounits"], text=True).split()[0])
-weights = sum(f.stat().st_size for f in Path(sys.argv[1]).glob("*.safetensors"))
-print(math.floor(mib * 2**20 * 0.9 - weights - int(sys.argv[2]) * 2**20))
-PY
-)
+      KV_BYTES=$(python3 -c 'import json, sys; a = json.load(open(sys.argv[1]))["argv"]
+print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h200.json)
     fi
     export KV_BYTES; echo "KV_BYTES=$KV_BYTES ($(( KV_BYTES >> 20 )) MiB)" | tee "$out/kv-bytes.txt"
     # Packages the GPU host's Python has only because its image has them, which vLLM imports

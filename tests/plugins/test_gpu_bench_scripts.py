@@ -212,21 +212,30 @@ spec:
     }
 
 
-def test_committed_chart_defaults_match_the_chart() -> None:
-    """scripts/gpu/chart-defaults.json is what `helm template` renders today."""
+@pytest.mark.parametrize(
+    "name",
+    ["chart-defaults.json", "chart-defaults-h200.json"],
+)
+def test_committed_chart_defaults_match_the_chart(name: str) -> None:
+    """scripts/gpu/chart-defaults*.json are what `helm template` renders today (the H200 one
+    with the `--set` values it records, which give h200.sh the chart's KV-cache size)."""
     helm = ROOT / ".tools" / "bin" / "helm"
     if not helm.exists():
         pytest.skip("helm is not installed (make setup-tools)")
+    committed = json.loads((GPU_SCRIPTS / name).read_text())
+    sets = [a for kv in committed.get("set", []) for a in ("--set", kv)]
     fresh = subprocess.run(
-        [sys.executable, str(GPU_SCRIPTS / "chart_args.py")],
+        [sys.executable, str(GPU_SCRIPTS / "chart_args.py"), *sets],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    committed = json.loads((GPU_SCRIPTS / "chart-defaults.json").read_text())
     assert json.loads(fresh) == committed, (
-        "re-render: python scripts/gpu/chart_args.py > scripts/gpu/chart-defaults.json"
+        f"re-render: python scripts/gpu/chart_args.py {' '.join(sets)} > scripts/gpu/{name}"
     )
+    if name == "chart-defaults-h200.json":  # what h200.sh reads as KV_BYTES
+        argv = committed["argv"]
+        assert int(argv[argv.index("--kv-cache-memory-bytes") + 1]) > 100 * 2**30
 
 
 def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
