@@ -205,7 +205,10 @@ class PlayedPod:
     def container_id(self, container: str) -> str:
         return f"{self.name}-{container}"
 
-    def play(self) -> PlayedPod:
+    def play(self, *, address: bool = True) -> PlayedPod:
+        """`podman kube play` the manifest; with `address`, record the pod's IP. A pod that
+        runs to completion (a `helm test` Pod) passes False: once its last container exits,
+        podman may have stopped the pod's network before the address is read."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / f"{self.name}.yaml"
         path.write_text(self.manifest.yaml())
@@ -215,7 +218,7 @@ class PlayedPod:
         if self.ip:
             args += ["--ip", self.ip]
         podman(*args, str(path))
-        if self.ip is None:
+        if self.ip is None and address:
             self.ip = self.inspect_ip()
         return self
 
