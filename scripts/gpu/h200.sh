@@ -21,9 +21,10 @@
 #     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
 #     the page cache first), NAME-prefetch (the model and cache root read beside the start),
-#     NAME-hide (the host-only packages hidden), NAME-pyc (a name only, kept for older runs); DEADLINE=<epoch s> skips variants that
-#     could not finish before it; COLD_LIMIT (s per run, default 200), COLD_LIMIT_FRESH (s
-#     per *-fresh run, default COLD_LIMIT): a fresh-cache start can take > 95 s.
+#     NAME-hide (the host-only packages hidden), NAME-pyc (a name only, kept for older runs);
+#     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
+#     run, default 200), COLD_LIMIT_FRESH (s per *-fresh run, default COLD_LIMIT): a
+#     fresh-cache start can take > 95 s.
 #     The API server needs packages the vLLM transfer does not pack: carry `.whl` (uvicorn,
 #     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
@@ -270,6 +271,8 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
           *) break ;;
         esac
       done
+      startenv=()  # -hide: Python runs the sitecustomize above first, in every process
+      [ $hide = 1 ] && startenv=(PYTHONPATH=/tmp/hide:$PYTHONPATH)
       limit=${COLD_LIMIT:-200}  # a start from an empty cache gets COLD_LIMIT_FRESH
       case $v in *-fresh) limit=${COLD_LIMIT_FRESH:-$limit} ;; esac
       if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + limit )) -gt "$DEADLINE" ]; then
@@ -313,8 +316,7 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
         chart-debug)  # chart-warm with vLLM's DEBUG log: finer stamps inside the phases
           a=(--mode chart --cache-root /tmp/cc/chart --env VLLM_LOGGING_LEVEL=DEBUG) ;;
         importprofile)  # where the import time goes (also warms the page cache for Python)
-          hp=(); [ $hide = 1 ] && hp=(PYTHONPATH=/tmp/hide:$PYTHONPATH)
-          env "${hp[@]}" python3 scripts/gpu/import_profile.py --out "$out/import-profile-$name.json" |
+          env "${startenv[@]}" python3 scripts/gpu/import_profile.py --out "$out/import-profile-$name.json" |
             head -30; continue ;;
         *) echo "unknown variant $v"; continue ;;
       esac
@@ -324,14 +326,13 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
         for ((k = 0; k < ${#a[@]}; k++)); do [ "${a[k]}" = --cache-root ] && root=${a[k+1]}; done
         a+=(--prefetch $M/gpu-1b --prefetch "$root")
       fi
-      pycenv=()  # -nopyc: Python looks for bytecode only under an empty prefix
-      [ $nopyc = 1 ] && { rm -rf /tmp/nopyc; pycenv=(PYTHONPYCACHEPREFIX=/tmp/nopyc); }
-      [ $hide = 1 ] && pycenv+=(PYTHONPATH=/tmp/hide:$PYTHONPATH)
+      # -nopyc: Python looks for bytecode only under an empty prefix
+      [ $nopyc = 1 ] && { rm -rf /tmp/nopyc; startenv+=(PYTHONPYCACHEPREFIX=/tmp/nopyc); }
       wait_gpu_free
       # Inner limits leave room for warmup + stop (20 s) + writing; an outer SIGINT still
       # makes cold_start.py stop the server and write what it has (the first
       # fresh-start runs were killed by a bare `timeout` and wrote nothing).
-      env "${pycenv[@]}" timeout -s INT -k 30 $limit python3 scripts/gpu/cold_start.py run \
+      env "${startenv[@]}" timeout -s INT -k 30 $limit python3 scripts/gpu/cold_start.py run \
         --name "$name${SUFFIX:-}" --model $M/gpu-1b --out "$out/cold" \
         --timeout $(( limit - 35 )) "${a[@]}"
     done
