@@ -3,9 +3,12 @@
 The cold-start benchmark (cold_start.py) runs on a GPU machine without helm, so the
 chart's defaults are rendered here into a JSON file that travels with the tree:
 
-    python scripts/gpu/chart_args.py [--values FILE] > scripts/gpu/chart-defaults.json
+    python scripts/gpu/chart_args.py [--values FILE] --out scripts/gpu/chart-defaults.json
     python scripts/gpu/chart_args.py --set accelerator.memoryGiB=140 --set model.sizeGiB=3 \
-        > scripts/gpu/chart-defaults-h200.json   # + the chart's KV-cache size for one H200
+        --out scripts/gpu/chart-defaults-h200.json   # + the chart's KV-cache size for one H200
+
+Without `--out` the JSON goes to standard output. With it, a refused render leaves FILE as it
+was (written to a temporary file, then renamed).
 
 Rendered with the chart's default values plus the minimal local-path scenario
 (`charts/ministream/ci/local-tp1-values.yaml`) and any `--set`. Only literal env values are
@@ -66,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value, repeatable"
     )
+    parser.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
     args = parser.parse_args(argv)
     sets = [a for kv in args.set for a in ("--set", kv)]
-    rendered = subprocess.run(
+    proc = subprocess.run(
         [
             helm_path(args.helm),
             "template",
@@ -78,15 +82,22 @@ def main(argv: list[str] | None = None) -> int:
             args.values,
             *sets,
         ],
-        check=True,
         capture_output=True,
         text=True,
-    ).stdout
-    out = extract(rendered) | {"rendered_with": Path(args.values).name}
+    )
+    if proc.returncode != 0:  # a refused value: helm says which, and nothing is written
+        sys.stderr.write(f"helm template failed:\n{proc.stderr}")
+        return 2
+    out = extract(proc.stdout) | {"rendered_with": Path(args.values).name}
     if args.set:
         out["set"] = args.set
-    json.dump(out, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    text = json.dumps(out, indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.out)
     return 0
 
 

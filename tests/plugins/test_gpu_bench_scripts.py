@@ -231,11 +231,29 @@ def test_committed_chart_defaults_match_the_chart(name: str) -> None:
         check=True,
     ).stdout
     assert json.loads(fresh) == committed, (
-        f"re-render: python scripts/gpu/chart_args.py {' '.join(sets)} > scripts/gpu/{name}"
+        f"re-render: python scripts/gpu/chart_args.py {' '.join(sets)} --out scripts/gpu/{name}"
     )
     if name == "chart-defaults-h200.json":  # what h200.sh reads as KV_BYTES
         argv = committed["argv"]
         assert int(argv[argv.index("--kv-cache-memory-bytes") + 1]) > 100 * 2**30
+
+
+def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) -> None:
+    """A value the chart refuses: helm's reason on stderr, exit 2, `--out` left as it was."""
+    helm = ROOT / ".tools" / "bin" / "helm"
+    if not helm.exists():
+        pytest.skip("helm is not installed (make setup-tools)")
+    out = tmp_path / "chart-defaults-h200.json"
+    out.write_text("{}\n")
+    args = ["--out", str(out), "--set", "accelerator.memoryGiB=1", "--set", "model.sizeGiB=3"]
+    proc = subprocess.run(
+        [sys.executable, str(GPU_SCRIPTS / "chart_args.py"), *args],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no room for a KV cache" in proc.stderr and proc.stdout == ""
+    assert out.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [out]
 
 
 def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
