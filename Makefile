@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ unit: setup-test  ## the fast tests only (no vLLM engine)
 
 chart-snapshots: setup-test  ## re-render tests/charts/snapshots/ after an intended chart change (the diff is the review)
 	$(PY) tests/charts/test_chart_snapshots.py --update
+
+docs-tables:  ## re-render the docs' tables of measured figures from docs/results (scripts/docs_tables.py)
+	$(PY) scripts/docs_tables.py
 
 # The images first (`make images`; without root it says so and the image tests are skipped
 # with that reason); the layer cache and the bootstrapped base make a second run on the same

@@ -379,20 +379,21 @@ def pairs(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(args: argparse.Namespace) -> int:
-    """Per variant over its repeats: n started, n ok, median [min–max] of each phase."""
-    runs = _load_runs(args.dirs)
+def summary_lines(dirs: list[str], order: list[str] | None = None) -> list[str]:
+    """The summary table's lines: per variant over its repeats, n started, n ok, median
+    [min–max] of each phase (docs/benchmarks.md renders its cold-start tables with this)."""
+    runs = _load_runs(dirs)
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: r.get("provenance", {}).get("created", "")):
         groups.setdefault(variant_of(r["name"]), []).append(r)
-    order = args.order.split(",") if args.order else []
+    order = order or []
     keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
-    print(
+    lines = [
         "| variant | n ok/run | "
         + " | ".join(SUMMARY_COLUMNS)
-        + " | **Ready** | after imports | compile cache hit |"
-    )
-    print("|---|---|" + "---:|" * (len(SUMMARY_COLUMNS) + 2) + "---|")
+        + " | **Ready** | after imports | compile cache hit |",
+        "|---|---|" + "---:|" * (len(SUMMARY_COLUMNS) + 2) + "---|",
+    ]
     for key in keys:
         ok = [r for r in groups[key] if r.get("ok")]
         cells = [
@@ -402,11 +403,17 @@ def summary(args: argparse.Namespace) -> int:
         ready = spread([r["events"]["ready"] for r in ok if r["events"].get("ready")])
         after = spread([a for r in ok if (a := _after_imports(r)) is not None])
         hits = sum(bool(r.get("compile_cache_hit")) for r in ok)
-        print(
+        lines.append(
             f"| {key} | {len(ok)}/{len(groups[key])} | "
             + " | ".join(cells)
             + f" | **{ready}** | {after} | {hits}/{len(ok)} |"
         )
+    return lines
+
+
+def summary(args: argparse.Namespace) -> int:
+    """Per variant over its repeats: n started, n ok, median [min–max] of each phase."""
+    print("\n".join(summary_lines(args.dirs, args.order.split(",") if args.order else [])))
     return 0
 
 

@@ -1,0 +1,345 @@
+"""The docs' tables of measured figures, one small renderer each (scripts/docs_tables.py).
+
+Each function reads only the raw files it is registered with and returns the table's lines;
+labels that describe a setting (a run's name, a shape) may be written here, every figure is
+read or computed from the raw files. Interval methods come from the one statistics module
+(`scripts/bench_plugin_stats.py`, which says which method fits which comparison).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from docs_tables import (
+    Lines,
+    Registry,
+    RenderError,
+    fig,
+    gpu_script,
+    header,
+    interval,
+    load,
+    row,
+)
+
+TABLES = Registry()
+
+H200 = "docs/results/h200"
+SERVE = "docs/results/serve"
+
+
+# ---------------------------------------------------------------- H200: forward-pass parity
+
+RUN17_PARITY = f"{H200}/run17/call2/parity-1/forward-parity.json"
+
+
+def shape_label(key: str) -> str:
+    """`decode:1` -> `decode 1`, `prefill:8x512` -> `prefill 8×512`."""
+    kind, size = key.split(":")
+    return f"{kind} {size.replace('x', '×')}"
+
+
+def pair_range(summary: dict[str, Any]) -> str:
+    """Mean over engines' medians, and the lowest and highest ratio of one engine pair."""
+    return f"{summary['median']:.3f} ({summary['pairs_min']:.3f}–{summary['pairs_max']:.3f})"
+
+
+@TABLES.table("h200-run17-parity", RUN17_PARITY)
+def run17_parity(root: Path) -> Lines:
+    data = load(root, RUN17_PARITY)
+    n = data["settings"]["instances"]
+    lines = header(
+        "shape",
+        f"plugin ms ({n} engines)",
+        f"Llama A ms ({n} engines)",
+        "**parity, forward** (engine pairs)",
+        "A/A, forward (engine pairs)",
+        "parity, end to end (engine pairs)",
+        "A/A, end to end (engine pairs)",
+    )
+    for key, shape in data["shapes"].items():
+        medians = shape["median_forward_ms"]
+
+        def ms(kind: str, medians: dict[str, float] = medians) -> str:
+            return " / ".join(f"{medians[f'{kind}.{i}']:.3f}" for i in range(n))
+
+        lines.append(
+            row(
+                shape_label(key),
+                ms("plugin"),
+                ms("llama_a"),
+                f"**{pair_range(shape['replicated_parity_forward'])}**",
+                pair_range(shape["replicated_aa_forward"]),
+                pair_range(shape["replicated_parity_e2e"]),
+                pair_range(shape["replicated_aa_e2e"]),
+            )
+        )
+    return lines
+
+
+# ---------------------------------------------------------------- H200: time to Ready
+
+
+def cold_start_summary(root: Path, dirs: list[str], order: list[str]) -> Lines:
+    for d in dirs:
+        if not (root / d).is_dir():
+            raise RenderError(f"raw folder missing: {d}")
+    lines: Lines = gpu_script("cold_start").summary_lines([str(root / d) for d in dirs], order)
+    return lines
+
+
+RUN13 = (f"{H200}/run13/call2", f"{H200}/run13/call3")
+RUN17_COLD = (f"{H200}/run17/call9/coldstart-1/cold", f"{H200}/run17/call10/coldstart-1/cold")
+RUN18_A = (f"{H200}/run18/call2",)
+RUN18_B = (f"{H200}/run18/call4", f"{H200}/run18/call5", f"{H200}/run18/call6")
+
+
+@TABLES.table("h200-run13-cold-start", *RUN13)
+def run13_cold_start(root: Path) -> Lines:
+    order = "vllm-fresh vllm-warm chart-graphs64-fresh chart-graphs64-seeded chart-graphs64-warm"
+    order += " chart-kvb-fresh chart-kvb-seeded chart-graphs64-seeded-evict"
+    order += " chart-graphs64-seeded-evict-prefetch chart-graphs64-seeded-nopyc"
+    return cold_start_summary(root, list(RUN13), order.split())
+
+
+@TABLES.table("h200-run17-cold-start", *RUN17_COLD)
+def run17_cold_start(root: Path) -> Lines:
+    return cold_start_summary(root, list(RUN17_COLD), [])
+
+
+@TABLES.table("h200-run18-cold-start-a", *RUN18_A)
+def run18_cold_start_a(root: Path) -> Lines:
+    order = "chart-kvb-fresh chart-kvb-seeded-evict-prefetch chart-kvb-warm vllm-fresh vllm-warm"
+    return cold_start_summary(root, list(RUN18_A), order.split())
+
+
+@TABLES.table("h200-run18-cold-start-b", *RUN18_B)
+def run18_cold_start_b(root: Path) -> Lines:
+    order = "chart-kvb-fresh chart-kvb-seeded-evict-prefetch-hide chart-kvb-warm-hide"
+    order += " chart-kvb-warm vllm-fresh-hide vllm-warm-hide"
+    return cold_start_summary(root, list(RUN18_B), order.split())
+
+
+# ---------------------------------------------------------------- routing by cache
+
+ROUTING_CPU = f"{SERVE}/routing-cpu.json"
+ROUTING_H200 = (
+    f"{H200}/run17/call7/routing-1/routing-h200.json",
+    f"{H200}/run17/call8/routing-1/routing-h200.json",
+)
+
+
+def _rounds_of(data: dict[str, Any], policy: str) -> int:
+    return sum(policy in r for r in data["rounds"])
+
+
+def _policy_row(data: dict[str, Any], policy: str, *lead: str) -> str:
+    p = data["summary"]["policies"][policy]
+    return row(
+        *lead,
+        policy,
+        _rounds_of(data, policy),
+        f"{p['hit_rate']:.3f}",
+        fig(p["ttft_p50_s"] * 1000),
+        fig(p["ttft_p99_s"] * 1000),
+        fig(p["output_tok_s"]),
+        p["failed"],
+    )
+
+
+def _ratio_row(data: dict[str, Any], policy: str, *lead: str) -> str:
+    base = "round_robin"
+    r = data["summary"][f"{policy}_over_{base}"]
+    cell = {k: interval(v["ratio"], v["lo"], v["hi"]) for k, v in r.items()}
+    return row(
+        *lead,
+        f"**{policy} / {base}**",
+        r["hit_rate"]["n"],
+        f"**{cell['hit_rate']}**",
+        f"**{cell['ttft_p50_s']}**",
+        cell["ttft_p99_s"],
+        cell["output_tok_s"],
+        "",
+    )
+
+
+ROUTING_COLUMNS = ("rounds", "prefix-cache hit rate", "TTFT p50 ms", "TTFT p99 ms")
+
+
+@TABLES.table("routing-cpu", ROUTING_CPU)
+def routing_cpu(root: Path) -> Lines:
+    data = load(root, ROUTING_CPU)
+    policies = data["policies"]
+    lines = header("policy", *ROUTING_COLUMNS, "output tok/s", "failed", align="lrrrrrr")
+    lines += [_policy_row(data, p) for p in policies]
+    lines += [_ratio_row(data, p) for p in policies if p != "round_robin"]
+    return lines
+
+
+@TABLES.table("routing-h200", *ROUTING_H200)
+def routing_h200(root: Path) -> Lines:
+    lines = header(
+        "offered rate", "policy", *ROUTING_COLUMNS, "output tok/s", "failed", align="rlrrrrrr"
+    )
+    for rel in ROUTING_H200:
+        data = load(root, rel)
+        rate = f"{data['workload']['rate']:g} req/s"
+        lines += [_policy_row(data, p, rate) for p in ("round_robin", "cache_aware")]
+        lines.append(_ratio_row(data, "cache_aware", rate))
+    return lines
+
+
+# ---------------------------------------------------------------- rolling restarts
+
+
+def _pct(window: dict[str, Any], metric: str) -> str:
+    m = window[metric]
+    return " / ".join(f"{m[p] / 1000:.2f}" for p in ("p50", "p95", "p99")) + " s"
+
+
+def _causes(report: dict[str, Any]) -> str:
+    causes = report["failures_by_cause"]
+    if not causes:
+        return "—"
+    text = ", ".join(f"`{k}`: {v}" for k, v in sorted(causes.items()))
+    pods = ", ".join(f"{k}: {v}" for k, v in sorted(report["failures_by_pod"].items()))
+    return f"{text} ({pods})"
+
+
+def _counter(report: dict[str, Any], name: str, **labels: str) -> dict[str, float]:
+    """The router's counter `name` by its `worker` label (or '' without one), filtered."""
+    out: dict[str, float] = {}
+    for key, value in report["front"]["router_counters"].items():
+        m = re.fullmatch(r"(\w+)(?:\{(.*)\})?", key)
+        if not m or m[1] != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m[2] or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            out[got.get("worker", "")] = out.get(got.get("worker", ""), 0) + value
+    return out
+
+
+def _router_tries(report: dict[str, Any]) -> str:
+    failed = _counter(report, "vllm_router_cb_outcomes_total", outcome="failure")
+    retries = sum(_counter(report, "vllm_router_retries_total").values())
+    exhausted = sum(_counter(report, "vllm_router_retries_exhausted_total").values())
+    opened = sum(_counter(report, "vllm_router_cb_state_transitions_total", to="open").values())
+    per = " and ".join(f"{v:.0f}" for v in failed.values())
+    tries = f"{sum(failed.values()):.0f}" + (f" ({per} by replica)" if len(failed) > 1 else "")
+    return f"{tries} / {retries:.0f} / {exhausted:.0f} / {opened:.0f}"
+
+
+def _span(values: list[float], digits: int = 0) -> str:
+    lo, hi = min(values), max(values)
+    return (
+        f"{lo:.{digits}f}"
+        if round(lo, digits) == round(hi, digits)
+        else (f"{lo:.{digits}f}-{hi:.{digits}f}")
+    )
+
+
+def _pods(report: dict[str, Any]) -> str:
+    pods = report["pods"]
+    new = [p for p in pods if p["sigterm_s"] is None and p["ready_s"] is not None]
+    old = [p for p in pods if p["sigterm_s"] is not None]
+    ready = _span([p["ready_s"] - p["created_s"] for p in new])
+    parts = [f"new pods ready {ready} s after creation"]
+    drains = [p["prestop"] for p in old if p.get("prestop")]
+    if drains:
+        outcomes = sorted({d["body"]["outcome"] for d in drains if d.get("body")})
+        seconds = _span([d["seconds"] for d in drains], 1)
+        parts.append(f"preStop `/drain` {seconds} s ({', '.join(outcomes)})")
+    exits = _span([p["exited_s"] - p["sigterm_s"] for p in old if p["exited_s"] is not None])
+    codes = sorted({p["vllm_exit_code"] for p in old})
+    killed = sum(bool(p.get("sigkilled")) for p in old)
+    parts.append(
+        f"old vLLMs exited {', '.join(map(str, codes))} {exits} s after SIGTERM, "
+        + ("none SIGKILLed" if not killed else f"{killed} SIGKILLed")
+    )
+    return "; ".join(parts)
+
+
+ROUTER_PAIR = (f"{SERVE}/rollout-router-drain.json", f"{SERVE}/rollout-router-nodrain.json")
+
+
+@TABLES.table("rollout-router-pair", *ROUTER_PAIR)
+def rollout_router_pair(root: Path) -> Lines:
+    lines = header(
+        "run (load average at the end)",
+        "sent",
+        "succeeded",
+        "failed",
+        "failures by cause (by pod)",
+        "restart window",
+        "window TTFT p50 / p95 / p99",
+        "window E2E p50 / p95 / p99",
+        "router: failed tries / retries / retries exhausted / breakers opened",
+        "pods",
+        align="lrrrlrrrll",
+    )
+    for rel, label in zip(
+        ROUTER_PAIR, ("with preStop `/drain`", "`--no-drain`, the control"), strict=True
+    ):
+        r = load(root, rel)
+        w = r["restart_window"]
+        load_avg = r["provenance"]["machine"]["load_average"][0]
+        lines.append(
+            row(
+                f"{label} ({load_avg:.1f})",
+                r["sent"],
+                r["succeeded"],
+                f"**{r['failed']}**",
+                _causes(r),
+                f"{w['duration_s']:.0f} s, {w['sent']} requests",
+                _pct(w, "ttft_ms"),
+                _pct(w, "e2el_ms"),
+                _router_tries(r),
+                _pods(r),
+            )
+        )
+    return lines
+
+
+ROUTER_PAIRED = {
+    f"{SERVE}/rollout-router-paired.json": "chart defaults: `cache_aware`, 5 tries",
+    f"{SERVE}/rollout-router-paired-2.json": "chart defaults again, a second run",
+    f"{SERVE}/rollout-router-paired-round-robin.json": "`--router-policy round_robin`, 5 tries",
+    f"{SERVE}/rollout-router-paired-noretry.json": (
+        "`cache_aware`, no retry (`router.retries.maxRetries=1`)"
+    ),
+}
+
+
+@TABLES.table("rollout-router-paired", *ROUTER_PAIRED)
+def rollout_router_paired(root: Path) -> Lines:
+    lines = header(
+        "run (load average at the end)",
+        "sent",
+        "failed",
+        "drained replacement: sent / failed",
+        "control (no drain): sent / failed",
+        "failures by cause (by pod)",
+        "router: failed tries / retries / retries exhausted / breakers opened",
+        "window E2E p50 / p95 / p99",
+        align="lrrrrllr",
+    )
+    for rel, label in ROUTER_PAIRED.items():
+        r = load(root, rel)
+        drained = next(x["window"] for x in r["replacements"] if x["drain"])
+        control = next(x["window"] for x in r["replacements"] if not x["drain"])
+        load_avg = r["provenance"]["machine"]["load_average"][0]
+        lines.append(
+            row(
+                f"{label} ({load_avg:.1f})",
+                r["sent"],
+                f"**{r['failed']}**",
+                f"{drained['sent']} / {drained['failed']}",
+                f"{control['sent']} / **{control['failed']}**",
+                _causes(r),
+                _router_tries(r),
+                _pct(r["restart_window"], "e2el_ms"),
+            )
+        )
+    return lines
