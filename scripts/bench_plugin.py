@@ -16,7 +16,7 @@ of its own that its rounds do not average out, so the comparison is made over in
   mean ITL = (total - TTFT) / (tokens - 1));
 - A/B = plugin/llama and A/A = plugin/plugin_b, each the geometric mean of the blocks'
   paired ratios with a 95 % t-interval over blocks (why a t-interval and not a bootstrap:
-  bench_plugin_stats.py);
+  interval_stats.py);
 - verdict: "difference" only when the A/B interval excludes 1.0 AND the A/B ratio lies
   outside the A/A spread (1.0 give or take the A/A's largest distance from 1.0);
   otherwise "no difference resolved".
@@ -51,7 +51,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_plugin_stats import (  # noqa: E402
+from interval_stats import (  # noqa: E402
     DIFFERENCE,
     RatioInterval,
     aa_spread,

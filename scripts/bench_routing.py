@@ -15,7 +15,7 @@ hit rate from vLLM's `vllm:prefix_cache_hits`/`vllm:prefix_cache_queries` deltas
 replicas together), TTFT p50/p99 (streamed), output tokens/s, failures, and the router's
 `vllm_router_prefix_routing_decisions_total` by outcome. Summary: per policy the median over
 rounds; each policy / round_robin as a paired ratio over rounds with a t-interval
-(bench_plugin_stats.paired_ratio_interval).
+(interval_stats.paired_ratio_interval).
 
     scripts/bench_routing.py --model .artifacts/models/ministream-tiny --rounds 4 \
         --out docs/results/serve/routing-cpu.json
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_plugin_stats import paired_ratio_interval
+from interval_stats import paired_ratio_interval
 
 from ministream_testkit.net import free_port
 from ministream_testkit.provenance import stamp

@@ -3,7 +3,7 @@
 Each function reads only the raw files it is registered with and returns the table's lines;
 labels that describe a setting (a run's name, a shape) may be written here, every figure is
 read or computed from the raw files. Interval methods come from the one statistics module
-(`scripts/bench_plugin_stats.py`, which says which method fits which comparison).
+(`scripts/interval_stats.py`, which says which method fits which comparison).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from docs_tables import (
     interval,
     load,
     row,
+    script,
 )
 
 TABLES = Registry()
@@ -43,7 +44,7 @@ def shape_label(key: str) -> str:
 
 def pair_range(summary: dict[str, Any]) -> str:
     """Mean over engines' medians, and the lowest and highest ratio of one engine pair."""
-    return f"{summary['median']:.3f} ({summary['pairs_min']:.3f}–{summary['pairs_max']:.3f})"
+    return str(script("interval_stats").fmt_pair_range(summary))
 
 
 @TABLES.table("h200-run17-parity", RUN17_PARITY)
@@ -120,6 +121,38 @@ def run18_cold_start_b(root: Path) -> Lines:
     order = "chart-kvb-fresh chart-kvb-seeded-evict-prefetch-hide chart-kvb-warm-hide"
     order += " chart-kvb-warm vllm-fresh-hide vllm-warm-hide"
     return cold_start_summary(root, list(RUN18_B), order.split())
+
+
+RUN18_PAIRS = (f"{H200}/run18/call4", f"{H200}/run18/call5")
+
+
+@TABLES.table("h200-run18-hide-pairs", *RUN18_PAIRS)
+def run18_hide_pairs(root: Path) -> Lines:
+    """chart-kvb-warm-hide against chart-kvb-warm, start by start (cold_start.py pairs)."""
+    cold = gpu_script("cold_start")
+    a, b = "chart-kvb-warm-hide", "chart-kvb-warm"
+    lines = header(
+        "measure",
+        "pairs",
+        "mean hidden − not, s [95 % t-interval over pairs]",
+        "median, s",
+        "hidden lower in",
+        align="lrlrr",
+    )
+    measures = (("ready", "Ready"), ("imports", "imports"), ("after_imports", "after imports"))
+    for phase, label in measures:
+        rows = cold.pair_rows([str(root / d) for d in RUN18_PAIRS], a, b, phase)
+        d = cold.pair_difference(rows)
+        lines.append(
+            row(
+                label,
+                d["n"],
+                cold.fmt_difference(d),
+                f"{d['median']:+.2f}".replace("-", "−"),
+                f"{d['a_lower']} of {d['n']}",
+            )
+        )
+    return lines
 
 
 # ---------------------------------------------------------------- routing by cache

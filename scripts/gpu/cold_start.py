@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,13 +45,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from paired_stats import bootstrap_median_ci
-
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar.startup_phases import PHASES, parse
 from ministream_testkit.provenance import stamp
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # scripts/: the one statistics module
+
+from interval_stats import paired_difference_interval  # noqa: E402
 
 CHART_DEFAULTS = HERE / "chart-defaults.json"
 TABLE_PHASES = (
@@ -344,37 +344,53 @@ def _measure(run: dict[str, Any], what: str) -> float | None:
     return run["phases"].get(what)
 
 
-def pairs(args: argparse.Namespace) -> int:
+def pair_rows(dirs: list[str], a: str, b: str, phase: str) -> list[tuple[str, str, float, float]]:
     """Variant A against variant B, start by start: starts with the same repeat number (and,
     where results from several calls are given, from the same folder) form a pair, run back
-    to back, so each pair's difference cancels the machine's slow drift. Prints every pair
-    and the median difference A - B with its 95 % bootstrap interval over pairs."""
+    to back, so each pair's difference cancels the machine's slow drift. (name A, name B,
+    A's figure, B's figure) per pair."""
     by_key: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for d in args.dirs:
+    for d in dirs:
         for r in _load_runs([d]):
             if r.get("ok"):
                 by_key[(d, variant_of(r["name"]), repeat_of(r["name"]))] = r
     rows = []
-    for (d, variant, n), a in sorted(by_key.items()):
-        b = by_key.get((d, args.b, n))
-        if variant != args.a or b is None:
+    for (d, variant, n), run_a in sorted(by_key.items()):
+        run_b = by_key.get((d, b, n))
+        if variant != a or run_b is None:
             continue
-        va, vb = _measure(a, args.phase), _measure(b, args.phase)
+        va, vb = _measure(run_a, phase), _measure(run_b, phase)
         if va is not None and vb is not None:
-            rows.append((a["name"], b["name"], va, vb))
-    if not rows:
-        print(f"no pairs of {args.a} and {args.b} with {args.phase} in {args.dirs}")
+            rows.append((run_a["name"], run_b["name"], va, vb))
+    return rows
+
+
+def pair_difference(rows: list[tuple[str, str, float, float]]) -> dict[str, Any]:
+    """A - B over the pairs: mean and its t-interval over pairs (each start is a fresh
+    process, an instance: interval_stats' method for blocks of instances), median, count."""
+    return paired_difference_interval([r[2] for r in rows], [r[3] for r in rows])
+
+
+def fmt_difference(d: dict[str, Any]) -> str:
+    """`−1.62 s [−2.80, −0.44]`: the mean difference and its 95 % t-interval over pairs."""
+    lo, hi = d["ci95"]
+    return f"{d['mean']:+.2f} s [{lo:+.2f}, {hi:+.2f}]".replace("-", "−")
+
+
+def pairs(args: argparse.Namespace) -> int:
+    """Prints every pair and the mean difference A - B with its 95 % t-interval over pairs."""
+    rows = pair_rows(args.dirs, args.a, args.b, args.phase)
+    if len(rows) < 2:
+        print(f"fewer than two pairs of {args.a} and {args.b} with {args.phase} in {args.dirs}")
         return 1
     print(f"| {args.a} | {args.b} | {args.phase} A | {args.phase} B | A − B |")
     print("|---|---|---:|---:|---:|")
     for na, nb, va, vb in rows:
         print(f"| {na} | {nb} | {va:.1f} | {vb:.1f} | {va - vb:+.1f} |")
-    diffs = [va - vb for _, _, va, vb in rows]
-    lo, hi = bootstrap_median_ci(diffs)
-    faster = sum(x < 0 for x in diffs)
+    d = pair_difference(rows)
     print(
-        f"{len(rows)} pairs: median A − B {statistics.median(diffs):+.2f} s "
-        f"[{lo:+.2f}, {hi:+.2f}] (95 % bootstrap over pairs); A lower in {faster} of {len(rows)}"
+        f"{d['n']} pairs: mean A − B {fmt_difference(d)} (95 % t-interval over pairs), "
+        f"median {d['median']:+.2f} s; A lower in {d['a_lower']} of {d['n']}"
     )
     return 0
 

@@ -38,9 +38,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # scripts/: the one statistics module
 
 from engine_versions import engine_versions  # noqa: E402
-from paired_stats import fmt_ratio, ratio_summary  # noqa: E402
+from interval_stats import fmt_ratio, ratio_summary  # noqa: E402
 
 VARIANT_ARGS: dict[str, dict[str, Any]] = {"bf16": {}, "fp8": {"quantization": "fp8"}}
 ATOL = {"bf16": 0.15, "fp8": 0.5}

@@ -21,7 +21,7 @@ output tokens/s and requests/s over the block's wall time, and the deltas of vLL
 counters over the block: prefix-cache queries and hits (tokens; vLLM's own hit rate),
 external (connector) prefix-cache queries/hits, preemptions, and every offload/connector
 counter the server exposes. Summary: per side the median over blocks with a bootstrap 95 %
-interval, and the per-pair ratio on/off (paired_stats).
+interval, and the per-pair ratio on/off (interval_stats: rounds of one instance pair).
 
     python scripts/gpu/kv_offload.py run --model DIR --out OUT/kv-offload.json \
         --kv-cache-bytes 4294967296 --offload-gib 24 --blocks 3
@@ -51,9 +51,11 @@ from typing import Any
 
 import httpx
 from cold_start import server_command
-from paired_stats import bootstrap_median_ci, fmt_ratio, ratio_summary
 
 from ministream_testkit.provenance import stamp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: interval_stats
+from interval_stats import bootstrap_median_ci, fmt_ratio, ratio_summary
 
 # Counters whose per-block deltas are recorded (sums over label sets).
 COUNTER = re.compile(

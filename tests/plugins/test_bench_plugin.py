@@ -36,7 +36,7 @@ def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 @pytest.fixture
 def stats(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("bench_plugin_stats")
+    return importlib.import_module("interval_stats")
 
 
 def test_t_quantiles(stats: ModuleType) -> None:
@@ -67,6 +67,16 @@ def test_interval_over_instances_is_a_t_interval_of_log_ratios(stats: ModuleType
         stats.paired_ratio_interval([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="two pairs"):
         stats.paired_ratio_interval([1.0], [1.0])
+
+
+def test_a_difference_in_seconds_gets_the_same_t_interval(stats: ModuleType) -> None:
+    got = stats.paired_difference_interval([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    half = 4.303 * 1.0 / math.sqrt(3)  # sd of (1, 2, 3) is 1
+    assert got["mean"] == pytest.approx(2.0) and got["median"] == pytest.approx(2.0)
+    assert got["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
+    assert got["n"] == 3 and got["a_lower"] == 0
+    with pytest.raises(ValueError, match="unpaired"):
+        stats.paired_difference_interval([1.0], [1.0, 2.0])
 
 
 def test_aa_spread_is_symmetric_around_one(stats: ModuleType) -> None:

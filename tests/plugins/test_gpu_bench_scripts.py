@@ -38,7 +38,7 @@ def gpu_module(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 
 def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    stats = gpu_module("paired_stats")
+    stats = gpu_module("interval_stats")
     summary = stats.ratio_summary([1.0, 1.1, 0.9, 1.05, 0.95, 1.0], [1.0] * 6)
     lo, hi = summary["ci95"]
     assert summary["n"] == 6
@@ -49,26 +49,23 @@ def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ig
     assert stats.fmt_ratio({"n": 0}) == "n/a"
 
 
-def test_instance_ratio_widens_with_an_engine_offset(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    """Three engines per side, four paired rounds. Identical engines: the estimate is the
-    true ratio and the interval is tight. One engine 10 % slow: every per-round bootstrap of
-    that pair would call it a difference; resampling engines widens the interval instead."""
-    stats = gpu_module("paired_stats")
+def test_instance_pair_range_shows_an_engine_offset(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """Three engines per side, four rounds. Identical engines: the estimate is the true ratio
+    and the range has no width. One engine 10 % slow: every per-round bootstrap of that pair
+    would call it a difference; the range over engine pairs shows it as one engine's."""
+    stats = gpu_module("interval_stats")
     rounds = [1.0, 1.02, 0.98, 1.01]
-    same = stats.instance_ratio_summary([rounds] * 3, [[2 * x for x in rounds]] * 3)
+    same = stats.instance_pair_range([rounds] * 3, [[2 * x for x in rounds]] * 3)
     assert same["median"] == pytest.approx(0.5)
-    assert same["ci95"][0] == pytest.approx(0.5) and same["ci95"][1] == pytest.approx(0.5)
-    assert same["instances"] == [3, 3] and same["rounds"] == 4
-    offset = stats.instance_ratio_summary(
-        [rounds, rounds, [1.1 * x for x in rounds]], [rounds] * 3, resamples=2000
-    )
-    lo, hi = offset["ci95"]
-    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.1)
-    assert lo <= offset["median"] <= hi
+    assert same["pairs_min"] == pytest.approx(0.5) and same["pairs_max"] == pytest.approx(0.5)
+    assert same["instances"] == [3, 3]
+    offset = stats.instance_pair_range([rounds, rounds, [1.1 * x for x in rounds]], [rounds] * 3)
+    assert offset["median"] == pytest.approx(3.1 / 3)
     assert offset["pairs_min"] == pytest.approx(1.0)
     assert offset["pairs_max"] == pytest.approx(1.1)
-    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
-        stats.instance_ratio_summary([[1.0, 2.0]], [[1.0]])
+    assert stats.fmt_pair_range(offset) == "1.033 (1.000–1.100)"
+    with pytest.raises(ValueError, match="at least one instance"):
+        stats.instance_pair_range([[1.0, 2.0]], [[]])
 
 
 def test_parity_engines_and_their_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
@@ -168,9 +165,11 @@ def test_cold_start_pairs_matches_repeats_within_a_call(  # type: ignore[no-unty
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| warm")][1:]  # no header
     assert [r.split(" | ")[-1] for r in rows] == ["-2.0 |", "-0.5 |", "-3.0 |"]
-    assert "3 pairs: median A − B -2.00 s" in out and "A lower in 3 of 3" in out
+    # mean -1.83, sd 1.258 over 3 pairs: ± t(0.975, 2) 4.303 × 1.258 / √3 = ± 3.13
+    assert "3 pairs: mean A − B −1.83 s [−4.96, +1.29] (95 % t-interval over pairs)" in out
+    assert "median -2.00 s; A lower in 3 of 3" in out
     assert cold.main(["pairs", *dirs, "--a", "warm-hide", "--b", "warm", "--phase", "imports"]) == 0
-    assert "median A − B -1.00 s" in capsys.readouterr().out
+    assert "median -1.00 s" in capsys.readouterr().out
     assert cold.main(["pairs", *dirs, "--a", "cold", "--b", "warm"]) == 1  # nothing to pair
 
 
