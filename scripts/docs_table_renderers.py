@@ -21,6 +21,7 @@ from docs_tables import (
     header,
     interval,
     load,
+    num,
     row,
     script,
 )
@@ -275,7 +276,8 @@ def _span(values: list[float], digits: int = 0) -> str:
 
 def _pods(report: dict[str, Any]) -> str:
     pods = report["pods"]
-    new = [p for p in pods if p["sigterm_s"] is None and p["ready_s"] is not None]
+    # Pods created once the run's clock started (the fleet's own pods start before it).
+    new = [p for p in pods if p["created_s"] >= 0 and p["ready_s"] is not None]
     old = [p for p in pods if p["sigterm_s"] is not None]
     ready = _span([p["ready_s"] - p["created_s"] for p in new])
     parts = [f"new pods ready {ready} s after creation"]
@@ -376,3 +378,418 @@ def rollout_router_paired(root: Path) -> Lines:
             )
         )
     return lines
+
+
+# ---------------------------------------------------------------- plugin vs Llama on the CPU
+
+BENCH_PLUGIN = {
+    "docs/results/cpu/bench-plugin-instances-run1.json": "1, other work on the machine",
+    "docs/results/cpu/bench-plugin-instances-run2.json": "2, nothing else running",
+}
+
+
+@TABLES.table("bench-plugin-cpu", *BENCH_PLUGIN)
+def bench_plugin_cpu(root: Path) -> Lines:
+    stats = script("interval_stats")
+    lines = header(
+        "run",
+        "median tok/s per side (plugin / llama / plugin_b)",
+        "A/B plugin/llama [95 %]",
+        "A/A plugin/plugin_b [95 %]",
+        "A/A spread",
+        "verdict",
+    )
+    for rel, label in BENCH_PLUGIN.items():
+        d = load(root, rel)
+        med = d["median_output_tokens_per_s"]
+        cmp = d["comparisons"]["tok/s"]
+        ab, aa = cmp["ab_plugin_over_llama"], cmp["aa_plugin_over_plugin_b"]
+        spread = stats.aa_spread(
+            stats.RatioInterval(aa["ratio"], aa["lo"], aa["hi"], tuple(aa["pair_ratios"]))
+        )
+        lines.append(
+            row(
+                f"{label} (`{rel}`)",
+                " / ".join(f"{med[s]:.0f}" for s in ("plugin", "llama", "plugin_b")),
+                interval(ab["ratio"], ab["lo"], ab["hi"], 3),
+                interval(aa["ratio"], aa["lo"], aa["hi"], 3),
+                f"{spread[0]:.2f}–{spread[1]:.2f}",
+                d["verdict"],
+            )
+        )
+    return lines
+
+
+# ---------------------------------------------------------------- LoRA
+
+LORA_CPU = f"{SERVE}/lora-mix.json"
+LORA_H200 = (
+    f"{H200}/run15/call3/lora-throughput-1.json",
+    f"{H200}/run15/call3/lora-throughput-2.json",
+)
+
+
+@TABLES.table("lora-mix-cpu", LORA_CPU)
+def lora_mix_cpu(root: Path) -> Lines:
+    data = load(root, LORA_CPU)
+    lines = header(
+        "rate (all models, req/s)",
+        "model",
+        "requests sent / failed",
+        "TTFT p50 / p99 (ms)",
+        "TPOT p99 (ms)",
+        "E2E p99 (ms)",
+        "output tok/s",
+        "SLO attainment",
+    )
+    base = data["target"]["model"]
+    for scenario in data["scenarios"]:
+        for p in scenario["points"]:
+            name = f"`{p['model']}`" + (" (base)" if p["model"] == base else "")
+            lines.append(
+                row(
+                    f"{p['load']['rate']:g}",
+                    name,
+                    f"{p['requests']['sent']} / {p['requests']['failed']}",
+                    f"{p['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p99']:.0f}",
+                    f"{p['tpot_ms']['p99']:.1f}",
+                    f"{p['e2el_ms']['p99']:.0f}",
+                    f"{p['throughput']['output_tokens_per_s']:.1f}",
+                    f"{p['goodput']['attainment']:.2f}",
+                )
+            )
+    return lines
+
+
+@TABLES.table("lora-h200", *LORA_H200)
+def lora_h200(root: Path) -> Lines:
+    engines = [load(root, rel)["arms"] for rel in LORA_H200]
+    lines = header(
+        "adapters in the mix",
+        "engine 1: output tok/s median [min–max]",
+        "engine 1: ratio to base median [min–max]",
+        "engine 2: output tok/s median [min–max]",
+        "engine 2: ratio to base median [min–max]",
+        align="r",
+    )
+    for arms in zip(*engines, strict=True):
+        cells: list[str] = []
+        for arm in arms:
+            cells.append(
+                f"{num(arm['tok_s_median'], 0)} "
+                f"[{num(arm['tok_s_min'], 0)}–{num(arm['tok_s_max'], 0)}]"
+            )
+            cells.append(
+                "1"
+                if arm["adapters"] == 0
+                else f"{arm['ratio_median']:.2f} [{arm['ratio_min']:.2f}–{arm['ratio_max']:.2f}]"
+            )
+        label = f"{arms[0]['adapters']}" + (" (base)" if arms[0]["adapters"] == 0 else "")
+        lines.append(row(label, *cells))
+    return lines
+
+
+# ---------------------------------------------------------------- overload and soak
+
+OVERLOAD = "docs/results/overload"
+OVERLOAD_RUN1 = f"{OVERLOAD}/overload-kubelet-run1.json"
+OVERLOAD_ADMISSION = {
+    f"{OVERLOAD}/overload-5x-admission64-kubelet-run1.json": "1: clean tree, quiet machine",
+    f"{OVERLOAD}/overload-5x-admission64-kubelet-busy.json": "2: dirty tree, shared machine",
+}
+
+
+def _probe(level: dict[str, Any], kind: str, what: str) -> float:
+    return float(level["probes"][kind]["latency_ms"][what]) / 1000
+
+
+@TABLES.table("overload-kubelet", OVERLOAD_RUN1)
+def overload_kubelet(root: Path) -> Lines:
+    data = load(root, OVERLOAD_RUN1)
+    lines = header(
+        "load",
+        "sent",
+        "ok",
+        "timed out",
+        "other failures",
+        "TTFT p50 / p99 s",
+        "liveness failures (restarts)",
+        "readiness failures (flips)",
+        "probe p99 / slowest s (live, ready)",
+        "sidecar busy checks",
+        align="lrrrrlrrlr",
+    )
+    for lv in data["levels"]:
+        ttft = lv["latency"]["ttft_ms"]
+        live, ready = lv["probes"]["liveness"], lv["probes"]["readiness"]
+        lines.append(
+            row(
+                f"{lv['multiple']:g}× ({lv['rate_per_s']:.1f}/s)",
+                num(lv["sent"], 0),
+                num(lv["succeeded"], 0),
+                lv["timed_out"],
+                lv["failed_other"],
+                f"{ttft['p50'] / 1000:.2f} / {ttft['p99'] / 1000:.2f}",
+                f"{live['failures']} ({live['restarts']})",
+                f"{ready['failures']} ({ready['flips']})",
+                f"{_probe(lv, 'liveness', 'p99'):.3f} / {_probe(lv, 'liveness', 'max'):.3f}, "
+                f"{_probe(lv, 'readiness', 'p99'):.2f} / {_probe(lv, 'readiness', 'max'):.2f}",
+                f"{lv['sidecar']['upstream_busy_checks']:.0f}",
+            )
+        )
+    return lines
+
+
+@TABLES.table("overload-admission", *OVERLOAD_ADMISSION)
+def overload_admission(root: Path) -> Lines:
+    lines = header(
+        "run",
+        "capacity",
+        "load",
+        "sent",
+        "ok",
+        "rejected (503)",
+        "other failures",
+        "TTFT p50 / p99 s",
+        "E2E p99 s",
+        "liveness failures",
+        "readiness failures (flips)",
+        "slowest probe s (live, ready)",
+        align="lrlrrrrlrrrl",
+    )
+    for rel, label in OVERLOAD_ADMISSION.items():
+        data = load(root, rel)
+        for lv in data["levels"]:
+            ttft, e2e = lv["latency"]["ttft_ms"], lv["latency"]["e2el_ms"]
+            live, ready = lv["probes"]["liveness"], lv["probes"]["readiness"]
+            lines.append(
+                row(
+                    f"{label} (`{rel.rsplit('/', 1)[-1]}`)",
+                    f"{data['capacity']['requests_per_s']:.1f}/s",
+                    f"{lv['multiple']:g}× ({lv['rate_per_s']:.1f}/s)",
+                    num(lv["sent"], 0),
+                    num(lv["succeeded"], 0),
+                    num(lv["rejected"], 0),
+                    num(lv["failed_other"], 0),
+                    f"{ttft['p50'] / 1000:.2f} / {ttft['p99'] / 1000:.1f}",
+                    f"{e2e['p99'] / 1000:.1f}",
+                    live["failures"],
+                    f"{ready['failures']} ({ready['flips']})",
+                    f"{_probe(lv, 'liveness', 'max'):.2f}, {_probe(lv, 'readiness', 'max'):.2f}",
+                )
+            )
+    return lines
+
+
+SOAK = "docs/results/soak/soak.json"
+
+
+@TABLES.table("soak", SOAK)
+def soak(root: Path) -> Lines:
+    rss = load(root, SOAK)["rss"]
+    lines = header(
+        "process",
+        "median RSS, first 5 min",
+        "median RSS, last 5 min",
+        "growth",
+        "fitted slope",
+        align="lrrrr",
+    )
+    names = {"sidecar": "sidecar", "vllm": "vLLM (API server, engine core, worker)"}
+    for key, label in names.items():
+        r = rss[key]
+        growth = (
+            f"{r['growth_mib']:+.2f} MiB" if key == "sidecar" else f"{r['growth_mib']:+.1f} MiB"
+        )
+        lines.append(
+            row(
+                label,
+                f"{num(r['first_mib'], 2 if key == 'sidecar' else 1)} MiB",
+                f"{num(r['last_mib'], 2 if key == 'sidecar' else 1)} MiB",
+                f"**{growth}**" if key == "sidecar" else growth,
+                f"{r['slope_mib_per_h']:.2f} MiB/h"
+                if key == "sidecar"
+                else f"{r['slope_mib_per_h']:.1f} MiB/h",
+            )
+        )
+    return lines
+
+
+# ---------------------------------------------------------------- rolling restarts behind HAProxy
+
+ROLLOUT = {
+    f"{SERVE}/rollout-drain.json": "with preStop `/drain`, busy",
+    f"{SERVE}/rollout-nodrain.json": "`--no-drain` (control), busy",
+    f"{SERVE}/rollout-drain-quiet.json": "with preStop `/drain`, quiet",
+    f"{SERVE}/rollout-nodrain-quiet.json": "`--no-drain`, quiet",
+}
+
+
+def _window(report: dict[str, Any]) -> str:
+    w = report["restart_window"]
+    return f"{w['duration_s']:.0f} s, {w['sent']} requests"
+
+
+@TABLES.table("rollout-haproxy", *ROLLOUT)
+def rollout_haproxy(root: Path) -> Lines:
+    lines = header(
+        "run",
+        "sent",
+        "succeeded",
+        "failed",
+        "failures by cause (by pod)",
+        "restart window",
+        "window TTFT p50 / p95 / p99",
+        "window E2E p50 / p95 / p99",
+        "before the window E2E p50 / p99",
+        align="lrrrlrrrr",
+    )
+    for rel, label in ROLLOUT.items():
+        r = load(root, rel)
+        before = r["before_window"]["e2el_ms"]
+        lines.append(
+            row(
+                label,
+                r["sent"],
+                r["succeeded"],
+                f"**{r['failed']}**",
+                _causes(r),
+                _window(r),
+                _pct(r["restart_window"], "ttft_ms"),
+                _pct(r["restart_window"], "e2el_ms"),
+                f"{before['p50'] / 1000:.2f} / {before['p99'] / 1000:.2f} s",
+            )
+        )
+    return lines
+
+
+ROLLOUT_PODMAN_CI = {
+    f"{SERVE}/rollout-podman-drain-ci.json": (
+        "with the rendered preStop drain, `surge`, 1 of 2 replaced"
+    ),
+    f"{SERVE}/rollout-podman-nodrain-ci.json": (
+        "control, `--no-drain`, `inPlace`, endpoint lag 6 s, 2 of 2 replaced"
+    ),
+}
+ROLLOUT_PODMAN = {
+    f"{SERVE}/rollout-podman-drain.json": "with the rendered preStop drain",
+    f"{SERVE}/rollout-podman-nodrain.json": "`--no-drain` (control)",
+}
+
+
+def _load_average(report: dict[str, Any]) -> str:
+    """` (load average at the end 8.6)` where the provenance has it."""
+    load_avg = report.get("provenance", {}).get("machine", {}).get("load_average")
+    return f" (load average at the end {load_avg[0]:.1f})" if load_avg else ""
+
+
+def _podman_rows(root: Path, runs: dict[str, str], ttft: bool) -> Lines:
+    lines = []
+    for rel, label in runs.items():
+        r = load(root, rel)
+        lines.append(
+            row(
+                label + _load_average(r),
+                r["sent"],
+                r["succeeded"],
+                f"**{r['failed']}**",
+                _causes(r),
+                _window(r),
+                *([_pct(r["restart_window"], "ttft_ms")] if ttft else []),
+                _pct(r["restart_window"], "e2el_ms"),
+                _pods(r),
+            )
+        )
+    return lines
+
+
+ROLLOUT_COLUMNS = ("sent", "succeeded", "failed", "failures by cause (by pod)", "restart window")
+
+
+@TABLES.table("rollout-podman-ci", *ROLLOUT_PODMAN_CI)
+def rollout_podman_ci(root: Path) -> Lines:
+    lines = header("run", *ROLLOUT_COLUMNS, "window E2E p50 / p95 / p99", "pods", align="lrrrlrrl")
+    return lines + _podman_rows(root, ROLLOUT_PODMAN_CI, ttft=False)
+
+
+@TABLES.table("rollout-podman", *ROLLOUT_PODMAN)
+def rollout_podman(root: Path) -> Lines:
+    lines = header(
+        "run",
+        *ROLLOUT_COLUMNS,
+        "window TTFT p50 / p95 / p99",
+        "window E2E p50 / p95 / p99",
+        "pods",
+        align="lrrrlrrrl",
+    )
+    return lines + _podman_rows(root, ROLLOUT_PODMAN, ttft=True)
+
+
+# ---------------------------------------------------------------- bad releases
+
+BAD_RELEASE = f"{SERVE}/bad-release.json"
+BAD_RELEASE_PODMAN = f"{SERVE}/bad-release-podman.json"
+BAD_KIND = {
+    "missing-model": "`missing-model` (`<model>-missing`)",
+    "wrong-tp": "`wrong-tp` (a TP=2 shard set at TP=1)",
+    "crash": "`crash` (`--max-model-len 1024`, model max 512)",
+}
+
+
+def _bad_release_rows(report: dict[str, Any]) -> Lines:
+    lines = []
+    for b in report["bad_releases"]:
+        served = " + ".join(str(v) for v in b["old_pods_served"].values())
+        running = all(p.get("vllm_running_at_end") for p in report["old_pods"].values())
+        lines.append(
+            row(
+                BAD_KIND.get(b["kind"], f"`{b['kind']}`"),
+                f"{num(b['stall']['sent'], 0)} / **{b['stall']['failed']}**",
+                f"{b['first_failed_start_s']:.1f} s",
+                b["failed_starts"],
+                "yes" if b["became_ready"] else "never",
+                f"{served} / {len(b['old_pods_lb_changes'])} / {'yes' if running else 'no'}",
+                f"{b['rollback']['duration_s']:.1f} s, {b['rollback']['sent']} / "
+                f"**{b['rollback']['failed']}**",
+            )
+        )
+    return lines
+
+
+BAD_COLUMNS = (
+    "requests sent / failed during the stall",
+    "new pod: first failed start",
+)
+OLD_PODS = "old pods: requests served / LB state changes / first vLLM still running at the end"
+ROLLBACK = "rollback: duration, requests sent / failed"
+
+
+@TABLES.table("bad-release", BAD_RELEASE)
+def bad_release(root: Path) -> Lines:
+    report = load(root, BAD_RELEASE)
+    deadline = report["bad_releases"][0]["progress_deadline_s"]
+    lines = header(
+        "bad release",
+        *BAD_COLUMNS,
+        "failed starts in the deadline",
+        f"ready within the {deadline} s deadline",
+        OLD_PODS,
+        ROLLBACK,
+        align="lrrrllr",
+    )
+    return lines + _bad_release_rows(report)
+
+
+@TABLES.table("bad-release-podman", BAD_RELEASE_PODMAN)
+def bad_release_podman(root: Path) -> Lines:
+    report = load(root, BAD_RELEASE_PODMAN)
+    lines = header(
+        "bad release (podman)",
+        *BAD_COLUMNS,
+        "failed starts",
+        "ready",
+        OLD_PODS,
+        ROLLBACK,
+        align="lrrrllr",
+    )
+    return lines + _bad_release_rows(report)
