@@ -9,6 +9,7 @@ read or computed from the raw files. Interval methods come from the one statisti
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -793,3 +794,148 @@ def bad_release_podman(root: Path) -> Lines:
         align="lrrrllr",
     )
     return lines + _bad_release_rows(report)
+
+
+# ---------------------------------------------------------------- H200: one engine per side
+
+RUN4_PARITY = f"{H200}/run4/forward-parity.json"
+RUN11_PARITY = {
+    f"{H200}/run11/forward-parity-default.json": "defaults",
+    f"{H200}/run11/forward-parity-prefill-graphs.json": "piecewise graphs at 2048/4096",
+    f"{H200}/run11/forward-parity-prefill-8x512-graphs.json": "piecewise graphs at 2048/4096",
+}
+PARITY_COLUMNS = (
+    "plugin ms",
+    "Llama ms",
+    "**parity, forward**",
+    "A/A, forward",
+    "parity, end to end",
+    "A/A, end to end",
+)
+
+
+def _parity_cells(shape: dict[str, Any]) -> list[str]:
+    """Round-by-round ratios of one engine per side: median [95 % bootstrap over rounds]."""
+    fmt = script("interval_stats").fmt_ratio
+    medians = shape["median_forward_ms"]
+    return [
+        f"{medians['plugin']:.3f}",
+        f"{medians['llama_a']:.3f}",
+        f"**{fmt(shape['parity_forward'])}**",
+        fmt(shape["aa_forward"]),
+        fmt(shape["parity_e2e"]),
+        fmt(shape["aa_e2e"]),
+    ]
+
+
+@TABLES.table("h200-run4-parity", RUN4_PARITY)
+def run4_parity(root: Path) -> Lines:
+    data = load(root, RUN4_PARITY)
+    lines = header("shape", *PARITY_COLUMNS, align="lrr")
+    for key, shape in data["shapes"].items():
+        lines.append(row(shape_label(key), *_parity_cells(shape)))
+    return lines
+
+
+@TABLES.table("h200-run11-parity", *RUN11_PARITY)
+def run11_parity(root: Path) -> Lines:
+    lines = header("shape", "path", "rounds", *PARITY_COLUMNS, align="llrrr")
+    for rel, path in RUN11_PARITY.items():
+        data = load(root, rel)
+        for key, shape in data["shapes"].items():
+            label = (
+                f"{path} (no graph)" if path == "defaults" and key.startswith("prefill") else path
+            )
+            rounds = shape["parity_forward"]["n"]
+            lines.append(row(shape_label(key), label, rounds, *_parity_cells(shape)))
+    return lines
+
+
+# ---------------------------------------------------------------- KV-cache offload on the H200
+
+KV_OFFLOAD = {
+    f"{H200}/run16/call2/kv-offload.json": (
+        '`OFFLOAD_LIMIT=500 bash scripts/gpu/h200.sh offload "$OUT"`'
+    ),
+    f"{H200}/run16/call6/kv-offload.json": (
+        '`OFFLOAD_GIB=48 OFFLOAD_ARGS="--sessions 64 --turns 4 --prefix-tokens 3072 '
+        '--concurrency 32 --pair-s 60"`'
+    ),
+}
+
+
+def _median_ci(cell: dict[str, Any], scale: float, digits: int) -> str:
+    lo, hi = cell["ci95"]
+    return (
+        f"{num(cell['median'] * scale, digits)} "
+        f"[{num(lo * scale, digits)}, {num(hi * scale, digits)}]"
+    )
+
+
+def _tier(blocks: list[dict[str, Any]]) -> tuple[str, str]:
+    """The offload tier's hit rate and loaded / stored GB/s: medians over the "on" blocks,
+    bytes over each block's wall time."""
+    on = [b for b in blocks if b["side"] == "on"]
+
+    def med(fn: Any) -> float:
+        return statistics.median(fn(b["counters"], b["wall_s"]) for b in on)
+
+    hit = med(
+        lambda c, _w: (
+            c["vllm:external_prefix_cache_hits_total"]
+            / c["vllm:external_prefix_cache_queries_total"]
+        )
+    )
+    load_gbs = med(lambda c, w: c["vllm:kv_offload_load_bytes_total"] / w / 1e9)
+    store_gbs = med(lambda c, w: c["vllm:kv_offload_store_bytes_total"] / w / 1e9)
+    return f"{hit:.2f}", f"{load_gbs:.1f} / {store_gbs:.1f}"
+
+
+@TABLES.table("h200-kv-offload", *KV_OFFLOAD)
+def kv_offload(root: Path) -> Lines:
+    lines = header(
+        "workload",
+        "side",
+        "pairs",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "output tok/s",
+        "offload tier hit rate",
+        "loaded / stored GB/s",
+        align="llrlllrl",
+    )
+    for rel, command in KV_OFFLOAD.items():
+        d = load(root, rel)
+        w, s = d["workload"], d["summary"]
+        label = (
+            f"{w['sessions']} sessions x {w['turns']} turns, {num(w['prefix_tokens'], 0)}-token "
+            f"prefix, {w['concurrency']} in flight; tier {d['offload_gib']:g} GiB ({command})"
+        )
+        hit, gbs = _tier(d["blocks"])
+        for side in ("off", "on"):
+            c = s["sides"][side]
+            lines.append(
+                row(
+                    label if side == "off" else "",
+                    side,
+                    c["ttft_p50_s"]["n"],
+                    _median_ci(c["ttft_p50_s"], 1000, 1),
+                    _median_ci(c["ttft_p99_s"], 1000, 1),
+                    _median_ci(c["output_tok_s"], 1, 0),
+                    hit if side == "on" else "–",
+                    gbs if side == "on" else "–",
+                )
+            )
+        r = s["ratio_on_off"]
+        lines.append(
+            row(
+                "",
+                "**on/off**",
+                r["ttft_p50_s"]["n"],
+                *(f"**{_median_ci(r[k], 1, 2)}**" for k in ("ttft_p50_s", "ttft_p99_s")),
+                f"**{_median_ci(r['output_tok_s'], 1, 2)}**",
+                "",
+                "",
+            )
+        )
+    return lines

@@ -142,7 +142,8 @@ def interval(ratio: float, lo: float, hi: float, digits: int = 2) -> str:
 
 
 def row(*cells: object) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+    """`| a | b |`; an empty cell is `| |`."""
+    return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
 
 
 def header(*cells: str, align: str = "") -> Lines:
