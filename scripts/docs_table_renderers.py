@@ -939,3 +939,169 @@ def kv_offload(root: Path) -> Lines:
             )
         )
     return lines
+
+
+# ---------------------------------------------------------------- FP8 on the H200
+
+FP8 = f"{H200}/run5/fp8-compare.json"
+FP8_EMULATION = f"{H200}/run5/fp8-emulation-check.json"
+
+
+@TABLES.table("h200-fp8", FP8)
+def fp8(root: Path) -> Lines:
+    data = load(root, FP8)
+    variants = data["variants"]
+    levels = [f"c={c}" for c in data["settings"]["concurrency"].split(",")]
+    lines = header(
+        "variant",
+        "engine start (empty compile cache; the first pays the process's CUDA and Triton set-up)",
+        "weights on GPU",
+        f"tok/s {' / '.join(levels)}",
+        f"TTFT ms {' / '.join(levels)}",
+        f"ITL ms {' / '.join(levels)}",
+        "vs fp32 reference",
+        align="lrr",
+    )
+    base = variants["bf16"]["weight_bytes_total"]
+    for name, v in variants.items():
+        perf = v["performance"]
+
+        def med(metric: str, digits: int, perf: dict[str, Any] = perf) -> str:
+            return " / ".join(num(statistics.median(perf[c][metric]), digits) for c in levels)
+
+        acc = v["accuracy_vs_fp32_reference"]
+        weights = f"{v['weight_bytes_total'] / 1e9:.2f} GB"
+        if v["weight_bytes_total"] != base:
+            weights += f" ({v['weight_bytes_total'] / base:.2f}×)"
+        lines.append(
+            row(
+                name,
+                f"{v['engine_init_s']:.1f} s",
+                weights,
+                med("tok_s", 0),
+                med("ttft_ms", 1),
+                med("itl_ms", 2),
+                f"{acc['identical_prefix_tokens']} identical, max \\|Δ logprob\\| "
+                f"{acc['max_abs_dlogprob']:.3g} (atol {acc['atol']:g}): "
+                f"**{'pass' if acc['pass'] else 'fail'}**",
+            )
+        )
+    return lines
+
+
+FP8_PAIRS = {
+    "gpu_fp8~reference": "GPU FP8 vs fp32 reference",
+    "gpu_fp8~emulated": "**GPU FP8 vs CPU FP8 emulation**",
+    "emulated~reference": "CPU FP8 emulation vs fp32 reference",
+    "gpu_bf16~reference": "GPU bf16 vs fp32 reference",
+}
+
+
+@TABLES.table("h200-fp8-emulation", FP8_EMULATION)
+def fp8_emulation(root: Path) -> Lines:
+    pairs = load(root, FP8_EMULATION)["pairs"]
+    lines = header(
+        "pair (greedy tokens, 4 prompts × 16)",
+        "identical prefix per prompt",
+        "total",
+        align="llr",
+    )
+    for key, label in FP8_PAIRS.items():
+        p = pairs[key]
+        total = f"**{p['total']}**" if label.startswith("**") else p["total"]
+        lines.append(row(label, ", ".join(map(str, p["per_prompt"])), total))
+    return lines
+
+
+# ---------------------------------------------------------------- SLO report and loading paths
+
+SLO = f"{SERVE}/slo/report.json"
+
+
+def _load_label(load: dict[str, float]) -> str:
+    if "rate" in load:
+        return f"{load['rate']:g} req/s"
+    return f"{load['concurrency']:g} in flight"
+
+
+@TABLES.table("slo-demo", SLO)
+def slo_demo(root: Path) -> Lines:
+    data = load(root, SLO)
+    lines = header(
+        "scenario",
+        "load",
+        "sent / failed",
+        "TTFT p50 / p95 / p99 (s)",
+        "ITL p50 / p99 (ms)",
+        "E2E p50 / p95 / p99 (s)",
+        "output tok/s",
+        "req/s",
+        "SLO met",
+        align="llrrrrrrr",
+    )
+    for s in data["scenarios"]:
+        for p in s["points"]:
+            t, i, e = p["ttft_ms"], p["itl_ms"], p["e2el_ms"]
+            req = p["requests"]
+            lines.append(
+                row(
+                    s["name"],
+                    _load_label(p["load"]),
+                    f"{req['sent']} / {req['failed']}",
+                    " / ".join(f"{t[q] / 1000:.2f}" for q in ("p50", "p95", "p99")),
+                    f"{i['p50']:.0f} / {i['p99']:.0f}",
+                    " / ".join(f"{e[q] / 1000:.1f}" for q in ("p50", "p95", "p99")),
+                    f"{p['throughput']['output_tokens_per_s']:.1f}",
+                    f"{p['throughput']['requests_per_s']:.3f}",
+                    f"{p['goodput']['good_requests']}/{req['sent']}",
+                )
+            )
+    return lines
+
+
+BENCH_LOAD_RUN3 = "docs/results/cpu/bench-load-run3.json"
+RAW_FLOOR = {"auto": "file read", "sharded_state": "file read"}
+
+
+@TABLES.table("bench-load-run3", BENCH_LOAD_RUN3)
+def bench_load_run3(root: Path) -> Lines:
+    data = load(root, BENCH_LOAD_RUN3)
+    raw = data["raw"]
+    s3 = max((v for k, v in raw.items() if k.startswith("s3_get")), key=lambda v: v["bytes_per_s"])
+    lines = header(
+        "path",
+        "TP",
+        "start→/health s",
+        "engine start s",
+        "weights s",
+        "weights MB/s",
+        "raw floor MB/s",
+        "ratio",
+        "build+read+repack s",
+        "KV cache+profile s",
+    )
+    floors_named: set[str] = set()
+    for p in data["paths"]:
+        label = p["path"] + (" (S3)" if str(p["target"]).startswith("s3://") else "")
+        floor = p["raw_floor_bytes_per_s"] / 1e6
+        if floor * 1e6 == raw["local_read"]["bytes_per_s"]:
+            what = "file read"
+        else:
+            what = f"S3 GET, {s3['streams']} streams"
+        floor_cell = f"{floor:.0f}" + ("" if what in floors_named else f" ({what})")
+        floors_named.add(what)
+        lines.append(
+            row(
+                label,
+                p["tp"],
+                f"{p['health_s']:.1f}",
+                f"{p['engine_start_s']:.1f}",
+                f"{p['weights_s']:.2f}",
+                f"{p['weight_bytes_per_s'] / 1e6:.0f}",
+                floor_cell,
+                f"{p['ratio_to_floor']:.2f}",
+                f"{p['load_total_s']:.1f}",
+                f"{p['kv_cache_profile_s']:.1f}",
+            )
+        )
+    return lines
