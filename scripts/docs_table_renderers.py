@@ -1105,3 +1105,42 @@ def bench_load_run3(root: Path) -> Lines:
             )
         )
     return lines
+
+
+# ---------------------------------------------------------------- H200: earlier cold-start runs
+
+RUN4_COLD = (f"{H200}/run4",)
+RUN6_7_COLD = {f"{H200}/run6": "6 (lazy registration)", f"{H200}/run7": "7 (eager registration)"}
+RUN9_COLD = (f"{H200}/run9",)
+
+
+@TABLES.table("h200-run4-cold-start", *RUN4_COLD)
+def run4_cold_start(root: Path) -> Lines:
+    return cold_start_summary(root, list(RUN4_COLD), [])
+
+
+@TABLES.table("h200-run6-7-cold-start", *RUN6_7_COLD)
+def run6_7_cold_start(root: Path) -> Lines:
+    order = ["vllm-fresh", "chart-fresh", "vllm-warm", "chart-warm"]
+    lines: Lines = []
+    for rel, run in RUN6_7_COLD.items():
+        table = cold_start_summary(root, [rel], order)
+        if not lines:
+            lines = ["| run " + table[0], "|---" + table[1]]
+        lines += [f"| {run} " + line for line in table[2:]]
+    return lines
+
+
+@TABLES.table("h200-run9-cold-start", *RUN9_COLD)
+def run9_cold_start(root: Path) -> Lines:
+    order = [
+        "vllm-fresh",
+        "chart-fork-fresh",
+        "vllm-warm",
+        "chart-warm",
+        "chart-fork-warm",
+        "chart-fork-warm-fork",
+        "chart-fork-seeded",
+        "chart-graphs64-warm-fork",
+    ]
+    return cold_start_summary(root, list(RUN9_COLD), order)
