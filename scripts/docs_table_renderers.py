@@ -1144,3 +1144,137 @@ def run9_cold_start(root: Path) -> Lines:
         "chart-graphs64-warm-fork",
     ]
     return cold_start_summary(root, list(RUN9_COLD), order)
+
+
+# ---------------------------------------------------------------- H200: golden, side by side, loaders
+
+GOLDEN = tuple(
+    f"{H200}/{engine}-{preset}.json"
+    for preset in ("seed", "gpu-1b")
+    for engine in ("reference", "plugin", "llama")
+)
+
+
+@TABLES.table("h200-golden", *GOLDEN)
+def golden(root: Path) -> Lines:
+    """Tokens and top-5 logprobs against the fp32 reference (scripts/gpu/report.py's rule)."""
+    for rel in GOLDEN:
+        load(root, rel)  # every raw file present, or a RenderError naming it
+    report = gpu_script("report")
+    lines = header(
+        "model",
+        "engine",
+        "tokens equal",
+        f"identical, logprobs atol {report.BF16_ATOL:g}",
+        f"check_logprobs_close (atol {report.BF16_ATOL:g})",
+    )
+    for preset in ("seed", "gpu-1b"):
+        lines += report.golden_rows(root / H200, preset)
+    return lines
+
+
+SIDE_BY_SIDE = (f"{H200}/side-by-side-seed.rounds.txt", f"{H200}/side-by-side-gpu-1b.json")
+SIDE_BY_SIDE_RUN3 = f"{H200}/run3/side-by-side-gpu-1b.json"
+
+
+def _seed_rounds(root: Path, rel: str) -> dict[str, list[float]]:
+    """`round 1/6: plugin 27704 tok/s, llama 26944 tok/s` lines of a log excerpt."""
+    path = root / rel
+    if not path.is_file():
+        raise RenderError(f"raw file missing: {rel}")
+    rounds: dict[str, list[float]] = {"plugin": [], "llama": []}
+    for m in re.finditer(r"plugin (\d+) tok/s, llama (\d+) tok/s", path.read_text()):
+        rounds["plugin"].append(float(m[1]))
+        rounds["llama"].append(float(m[2]))
+    return rounds
+
+
+def _k(values: list[float]) -> str:
+    return " ".join(f"{v / 1000:.1f}k" for v in values)
+
+
+@TABLES.table("h200-side-by-side", *SIDE_BY_SIDE)
+def side_by_side(root: Path) -> Lines:
+    lines = header(
+        "model",
+        "plugin tok/s per round",
+        "Llama tok/s per round",
+        "median ratio plugin/Llama",
+    )
+    seed = _seed_rounds(root, SIDE_BY_SIDE[0])
+    gpu = load(root, SIDE_BY_SIDE[1])["output_tokens_per_s"]
+    for name, rounds in (("seed", seed), ("gpu-1b", gpu)):
+        ratio = statistics.median(rounds["plugin"]) / statistics.median(rounds["llama"])
+        lines.append(row(name, _k(rounds["plugin"]), _k(rounds["llama"]), f"{ratio:.3g}"))
+    return lines
+
+
+@TABLES.table("h200-side-by-side-run3", SIDE_BY_SIDE_RUN3)
+def side_by_side_run3(root: Path) -> Lines:
+    d = load(root, SIDE_BY_SIDE_RUN3)
+    rounds, paired = d["output_tokens_per_s"], d["paired_ratios"]
+    lines = header(
+        "model",
+        "plugin tok/s per round",
+        "Llama tok/s per round",
+        "median ratio",
+        "paired ratio per round: median (range)",
+        "plugin won",
+    )
+    lines.append(
+        row(
+            "gpu-1b",
+            _k(rounds["plugin"]),
+            _k(rounds["llama"]),
+            f"**{d['ratio_plugin_over_llama']:.3f}**",
+            f"{d['median_paired_ratio']:.3f} ({min(paired):.3f}–{max(paired):.3f})",
+            f"{d['plugin_won_rounds']} of {len(paired)}",
+        )
+    )
+    return lines
+
+
+LOADERS = {
+    "first start (no compile cache)": (f"{H200}/plugin-gpu-1b.json", None),
+    "default (compile cache warm)": (f"{H200}/load-default.json", f"{H200}/disk-default.json"),
+    "runai_streamer, local files": (f"{H200}/load-runai.json", f"{H200}/disk-runai.json"),
+}
+LOADERS_RUN2 = {
+    "default": (f"{H200}/run2/load-default.json", f"{H200}/run2/disk-default.json"),
+    "sharded_state": (f"{H200}/run2/load-sharded.json", f"{H200}/run2/disk-sharded.json"),
+}
+
+
+def _loader_rows(root: Path, loaders: dict[str, tuple[str, str | None]], unit: str) -> Lines:
+    lines = header(
+        "loader",
+        "process start → first token",
+        "imports",
+        "`LLM()`",
+        f"raw disk read, same run ({unit})",
+        align="lrrrr",
+    )
+    scale = 2**30 if unit == "GiB/s" else 1e9
+    for label, (probe_rel, disk_rel) in loaders.items():
+        cs = load(root, probe_rel)["cold_start"]
+        disk = f"{load(root, disk_rel)['bytes_per_s'] / scale:.2f}" if disk_rel else ""
+        lines.append(
+            row(
+                label,
+                f"{cs['process_start_to_first_token_s']:.1f} s",
+                f"{cs['imports_s']:.1f} s",
+                f"{cs['llm_init_s']:.1f} s",
+                disk,
+            )
+        )
+    return lines
+
+
+@TABLES.table("h200-loaders", *(r for pair in LOADERS.values() for r in pair if r is not None))
+def loaders(root: Path) -> Lines:
+    return _loader_rows(root, LOADERS, "GiB/s")
+
+
+@TABLES.table("h200-loaders-run2", *(r for pair in LOADERS_RUN2.values() for r in pair))
+def loaders_run2(root: Path) -> Lines:
+    return _loader_rows(root, {k: (a, b) for k, (a, b) in LOADERS_RUN2.items()}, "GB/s")
