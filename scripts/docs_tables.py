@@ -15,10 +15,11 @@ file gone). The closing line under each table names the raw files with their pro
 says when a result was made from a dirty tree. Derived numbers (ratios, intervals, ranges)
 are computed here; the raw files stay as they were recorded.
 
-A new table: a function in scripts/docs_table_renderers.py returning the table's lines,
-registered with `@TABLES.table(NAME, RAW...)` (RAW: files or folders relative to the
-repository), and the two markers where it goes (`<!-- docs-tables: NAME -->`, then
-`<!-- /docs-tables -->`); `make docs-tables` fills the block in.
+A new table: a function returning the table's lines in one of the area modules that
+scripts/docs_table_renderers.py lists, registered with `@TABLES.table(NAME, RAW...)` (RAW:
+files or folders relative to the repository), and the two markers where it goes
+(`<!-- docs-tables: NAME -->`, then `<!-- /docs-tables -->`); `make docs-tables` fills the
+block in. Every table of docs/benchmarks.md is rendered (a test holds that).
 """
 
 from __future__ import annotations

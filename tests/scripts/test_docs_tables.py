@@ -62,6 +62,19 @@ def test_every_renderer_has_exactly_one_table_in_the_docs(dt: ModuleType, tables
     assert sorted(used) == sorted(tables), "a renderer without its table, or a table twice"
 
 
+def test_no_table_of_the_benchmarks_page_is_typed_by_hand(dt: ModuleType) -> None:
+    """Every table of docs/benchmarks.md is measured figures, so every one is rendered."""
+    path = ROOT / BENCHMARKS
+    lines = path.read_text().split("\n")
+    rendered = {i for b in dt.blocks(path, lines) for i in range(b.start, b.end)}
+    by_hand = [
+        f"{BENCHMARKS}:{i + 1}: {line[:60]}"
+        for i, line in enumerate(lines)
+        if line.startswith("|") and not lines[i - 1].startswith("|") and i not in rendered
+    ]
+    assert by_hand == [], "a table typed by hand: give it a renderer (scripts/docs_tables.py)"
+
+
 def test_a_swapped_column_fails_the_check(dt: ModuleType, tables: object, tmp_path: Path) -> None:
     root = _copy_docs(tmp_path)
     lines = (root / BENCHMARKS).read_text().split("\n")
