@@ -68,6 +68,24 @@ def test_instance_pair_range_shows_an_engine_offset(gpu_module) -> None:  # type
         stats.instance_pair_range([[1.0, 2.0]], [[]])
 
 
+def test_superseded_instance_bootstrap_still_answers_through_paired_stats(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """The two-level bootstrap stays for the GPU scripts written against it (the docs report
+    the range of pairs instead). Three engines per side, four paired rounds: identical engines
+    give a tight interval; one engine 10 % slow widens it to that engine's offset."""
+    stats = gpu_module("paired_stats")
+    rounds = [1.0, 1.02, 0.98, 1.01]
+    same = stats.instance_ratio_summary([rounds] * 3, [[2 * x for x in rounds]] * 3)
+    assert same["median"] == pytest.approx(0.5)
+    assert same["ci95"][0] == pytest.approx(0.5) and same["ci95"][1] == pytest.approx(0.5)
+    offset = stats.instance_ratio_summary(
+        [rounds, rounds, [1.1 * x for x in rounds]], [rounds] * 3, resamples=2000
+    )
+    lo, hi = offset["ci95"]
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
+        stats.instance_ratio_summary([[1.0, 2.0]], [[1.0]])
+
+
 def test_parity_engines_and_their_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
     parity = gpu_module("forward_parity")
     assert parity.engine_names(1) == {k: [k] for k in ("plugin", "llama_a", "llama_b")}
