@@ -104,7 +104,8 @@ def provenance_note(root: Path, raw: Sequence[str]) -> str:
     for rel in raw:
         commits: list[str] = []
         dirty = set()
-        for path in _json_files(root, rel):
+        files = _json_files(root, rel)
+        for path in files:
             data = json.loads(path.read_text())
             prov = data.get("provenance") if isinstance(data, dict) else None
             if not isinstance(prov, dict):
@@ -119,6 +120,12 @@ def provenance_note(root: Path, raw: Sequence[str]) -> str:
             what.append("**made from a dirty tree**" if dirty == {True} else "**partly dirty**")
         elif dirty == {False}:
             what.append("clean tree")
+        if not what:
+            what.append(
+                "no provenance block: `docs/results/provenance-notes.json`"
+                if files
+                else "text, no provenance block"
+            )
         groups.setdefault(", ".join(what), []).append(f"`{rel}`")
     parts = [", ".join(files) + (f" ({what})" if what else "") for what, files in groups.items()]
     return "Raw: " + "; ".join(parts) + ". Rendered by `make docs-tables`."
