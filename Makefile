@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-rollout-soak bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -72,7 +72,8 @@ images:  ## build the CPU serving, sidecar and router images (+ the GPU image's 
 
 # Every result file records the command a person ran (docs/benchmarks.md, "How results are
 # recorded"): these targets pass it to the benchmarks unless the caller already set it.
-RESULT_TARGETS := images bench-plugin bench-convert bench-load bench-serve bench-overload soak
+RESULT_TARGETS := images bench-plugin bench-convert bench-load bench-serve bench-overload soak \
+  bench-rollout-soak
 $(RESULT_TARGETS): export MINISTREAM_COMMAND ?= $(strip make $(MAKECMDGOALS) $(MAKEOVERRIDES))
 
 # 12 fresh engines, one at a time (4 plugin, 4 Llama, 4 plugin for the A/A), ~70 s each on
@@ -98,8 +99,8 @@ $(TINY_MODEL)/ministream_manifest.json: | setup
 
 # The rolling restart runs the tiny model: the bf16 demo model saturates 2 vCPUs at ~0.4
 # req/s, and the restart mechanics do not depend on the model's size (docs/benchmarks.md).
-ROLLOUT := $(VENV)/bin/ministream-loadtest rollout --replicas 2 --rate 4 \
-	  --model $(TINY_MODEL) --served-model-name ministream-tiny
+ROLLOUT_ARGS := --replicas 2 --rate 4 --model $(TINY_MODEL) --served-model-name ministream-tiny
+ROLLOUT := $(VENV)/bin/ministream-loadtest rollout $(ROLLOUT_ARGS)
 ROLLOUT_VLLM := -- --dtype float32 --max-model-len 512 --enforce-eager
 
 bench-serve: setup-test images demo-model $(TINY_MODEL)/ministream_manifest.json  ## SLO report for the demo model + the full rolling-restart experiment (processes and the images' pods)
@@ -120,6 +121,15 @@ bench-rollout-router: setup-test $(TINY_MODEL)/ministream_manifest.json  ## the 
 	  --output $(ART)/bench-serve/rollout-router-drain.json $(ROLLOUT_VLLM)
 	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --front router --no-drain \
 	  --output $(ART)/bench-serve/rollout-router-nodrain.json $(ROLLOUT_VLLM)
+
+# Drained rollouts back to back behind both fronts, the no-drain control beside them: enough
+# rollouts and requests to see a 1-in-1 000 loss (docs/benchmarks.md, "Rollout soak"). At
+# SOAK_RATE req/s a rollout of the tiny model sends ~2 000 requests on 2 cores.
+SOAK_RATE ?= 8
+bench-rollout-soak: setup-test $(TINY_MODEL)/ministream_manifest.json  ## 10 drained rollouts per front (HAProxy, vLLM's router) + 2 no-drain controls each; every failure kept with its logs (~5 h on 2 cores)
+	VLLM_CPU_KVCACHE_SPACE=1 $(PY) scripts/bench_rollout_soak.py \
+	  --out $(ART)/bench-serve/rollout-soak.json --rollouts 10 --control-rollouts 2 \
+	  -- $(ROLLOUT_ARGS) --rate $(SOAK_RATE) $(ROLLOUT_VLLM)
 
 # A bad release: the same fleet and load as the rolling restart, upgraded to a missing model,
 # a shard set for TP=2, and an engine flag vLLM refuses; each stall lasts the rendered

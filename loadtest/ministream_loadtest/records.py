@@ -32,6 +32,10 @@ _EXCEPTION_CAUSES = {
     "ClientOSError": "connection_reset",
     "TimeoutError": "timeout",
     "ServerTimeoutError": "timeout",
+    # The load engine's own SSE parser failing on a stream split right after `data:` (it
+    # strips each read): a client artifact, the server's stream was whole
+    # (tests/loadtest/test_stream_parse.py).
+    "JSONDecodeError": "client_stream_parse_error",
 }
 # Causes that leave no HTTP response: the connection failed before one began.
 CONNECTION_CAUSES = frozenset(

@@ -1,15 +1,19 @@
-"""Drain: unready at once, then wait until vLLM has nothing running or waiting.
+"""Drain: unready at once, then wait until vLLM holds no request at all.
 
 Designed for a `preStop` hook: Kubernetes stops routing to an unready pod, the requests
 already inside vLLM finish, and only then does the kubelet send SIGTERM, which vLLM meets
 with `--shutdown-timeout` (docs/architecture.md §3). terminationGracePeriodSeconds must cover
 DRAIN_TIMEOUT_SECONDS + vLLM's shutdown timeout + a margin.
 
-Idleness comes from vLLM's own gauges `vllm:num_requests_running` and
-`vllm:num_requests_waiting`: DRAIN_IDLE_POLLS consecutive scrapes with both at 0 end the
-drain (one scrape can fall between a request's arrival and its scheduling). A pod whose vLLM
-never came up (a bad release) has nothing to wait for: the drain ends at the first scrape that
-fails, instead of holding the pod's slot for the whole timeout.
+Idleness is what vLLM itself reports, on DRAIN_IDLE_POLLS consecutive polls, no sooner than
+DRAIN_MIN_SECONDS after going unready (the endpoint propagation lag: requests routed here
+before the load balancers saw the pod leave still arrive until then): 0 on the engine
+gauges `vllm:num_requests_running` and `vllm:num_requests_waiting`, and 0 requests in flight
+in vLLM's HTTP server (GET /load, with `--enable-server-load-tracking`). The gauges alone miss
+a request that vLLM has accepted but its engine core has not scheduled yet, and a response
+still being written; SIGTERM then cuts such a request (docs/sidecar.md#what-the-drain-counts).
+A pod whose vLLM never came up (a bad release) has nothing to wait for: the drain ends at the
+first scrape that fails, instead of holding the pod's slot for the whole timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class DrainResult:
     duration_seconds: float  # from the first moment of the drain
     running: int | None  # last counts seen; None if vLLM's metrics were never readable
     waiting: int | None
+    in_flight: int | None  # vLLM's GET /load; None if never read or not served
     polls: int
     scrape_errors: int
     last_error: str | None
@@ -105,6 +110,7 @@ class Drainer:
             duration_seconds=round(time.monotonic() - self._started, 3),
             running=last.running if last else None,
             waiting=last.waiting if last else None,
+            in_flight=last.in_flight if last else None,
             polls=polls,
             scrape_errors=errors,
             last_error=last_error,
@@ -116,6 +122,7 @@ class Drainer:
             "duration_seconds": result.duration_seconds,
             "running": result.running,
             "waiting": result.waiting,
+            "in_flight": result.in_flight,
             "polls": polls,
             "scrape_errors": errors,
         }
@@ -136,7 +143,8 @@ class Drainer:
             self._ctx.events.emit(
                 EventReason.DRAIN_TIMED_OUT,
                 f"drain timed out after {result.duration_seconds:.1f}s with "
-                f"{result.running} running and {result.waiting} waiting requests",
+                f"{result.running} running, {result.waiting} waiting and "
+                f"{result.in_flight} in-flight requests",
                 EventType.WARNING,
             )
         return result

@@ -3,14 +3,16 @@
 Endpoints used (vLLM 0.32 OpenAI server): GET /health, GET /v1/models,
 POST /v1/completions, GET /metrics (for `vllm:num_requests_running` and
 `vllm:num_requests_waiting`, gauges labelled `model_name` and `engine`; see
-vllm/v1/metrics/loggers.py).
+vllm/v1/metrics/loggers.py), and GET /load (`{"server_load": N}`: the generation requests
+the HTTP server has accepted and not yet finished answering, counted only when vLLM runs
+with `--enable-server-load-tracking`; vllm/entrypoints/serve/utils/api_utils.py).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -21,6 +23,10 @@ from .errors import UpstreamError, UpstreamUnavailable
 log = logging.getLogger(__name__)
 
 RUNNING_METRIC = "vllm:num_requests_running"
+LOAD_PATH = "/load"
+# The vLLM flag without which /load answers 0 whatever vLLM holds: every vLLM the sidecar
+# drains is started with it (the chart's arguments, `ministream up`).
+LOAD_TRACKING_FLAG = "--enable-server-load-tracking"
 WAITING_METRIC = "vllm:num_requests_waiting"
 # Counters of the tokens vLLM has processed (prefill and decode): they grow while it works.
 PROGRESS_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
@@ -40,12 +46,20 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class RequestCounts:
+    """What vLLM holds. `running` and `waiting` are the engine core's scheduler queues as it
+    last published them; `in_flight` is the HTTP server's own count (GET /load), which also
+    covers a request still being parsed, tokenized or handed to the engine core, one the
+    engine core has not stepped yet, and a response still being written. None: vLLM has no
+    /load (then only the gauges count; docs/sidecar.md#what-the-drain-counts)."""
+
     running: int
     waiting: int
+    in_flight: int | None = None
 
     @property
     def idle(self) -> bool:
-        return self.running == 0 and self.waiting == 0
+        # vLLM's counter can dip below 0 when a client disconnects mid-request: not busy.
+        return self.running == 0 and self.waiting == 0 and (self.in_flight or 0) <= 0
 
 
 @dataclass(frozen=True)
@@ -156,10 +170,13 @@ class VLLMClient:
             raise UpstreamError(f"unexpected /v1/completions body: {exc!r}") from exc
 
     async def request_counts(self, model: str | None) -> RequestCounts:
-        """Running and waiting requests from vLLM's own /metrics, summed over engines.
+        """Running and waiting requests from vLLM's own /metrics, summed over engines, and
+        the HTTP requests in flight from GET /load.
 
         Only series of `model` count; if none carries that name (an alias was configured),
-        all series count: one vLLM server serves one model.
+        all series count: one vLLM server serves one model. /load is read after /metrics, so
+        a request that leaves the engine's queues between the two reads is still counted
+        until its response has been written.
         """
         try:
             response = await self._http.get("/metrics", timeout=self._health_timeout)
@@ -167,7 +184,24 @@ class VLLMClient:
             raise UpstreamUnavailable(f"GET /metrics failed: {exc!r}") from exc
         if response.status_code != 200:
             raise UpstreamError(f"GET /metrics answered {response.status_code}")
-        return parse_request_counts(response.text, model)
+        counts = parse_request_counts(response.text, model)
+        return replace(counts, in_flight=await self.in_flight())
+
+    async def in_flight(self) -> int | None:
+        """vLLM's GET /load: requests accepted and not yet answered; None where vLLM has no
+        such endpoint (404). Without `--enable-server-load-tracking` vLLM answers 0 always."""
+        try:
+            response = await self._http.get(LOAD_PATH, timeout=self._health_timeout)
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"GET {LOAD_PATH} failed: {exc!r}") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise UpstreamError(f"GET {LOAD_PATH} answered {response.status_code}")
+        try:
+            return int(response.json()["server_load"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UpstreamError(f"unexpected {LOAD_PATH} body: {response.text[:200]!r}") from exc
 
     async def _get_json(self, path: str) -> Any:
         try:

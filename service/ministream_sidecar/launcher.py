@@ -39,6 +39,7 @@ from ministream import startup_log
 
 from . import client, cpu_memory
 from .client import ENV_PREFIX
+from .engine_client import LOAD_TRACKING_FLAG
 from .output_tail import exit_reason
 from .processes import Child
 from .serve_vllm import VLLM_SERVER
@@ -129,6 +130,9 @@ def vllm_command(args: UpArgs) -> list[str]:
         a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in args.vllm_args
     ):
         cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT)]
+    # The drain waits for vLLM's own count of the requests its HTTP server holds (GET /load).
+    if LOAD_TRACKING_FLAG not in args.vllm_args:
+        cmd.append(LOAD_TRACKING_FLAG)
     return cmd + args.vllm_args
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from chartkit import CHART, HelmError, Rendered, render
 
-from ministream_sidecar import client
+from ministream_sidecar import client, engine_client
 from ministream_testkit.stand_in_sidecar import stand_in_sidecar
 
 SHARDED = {"shardedState", "runaiStreamerSharded"}
@@ -175,6 +175,8 @@ def test_load_format_and_model_location(rendered: Rendered, values: dict) -> Non
     assert arg(vllm, "--served-model-name") == values["model"]["name"]
     assert arg(vllm, "--port") == "8000"
     assert arg(vllm, "--shutdown-timeout") == str(values["vllm"]["shutdownTimeoutSeconds"])
+    # The preStop drain waits for vLLM's GET /load, which counts only with this flag.
+    assert engine_client.LOAD_TRACKING_FLAG in vllm["args"]
     model = need(arg(vllm, "--model"))
     if loading["mode"] in S3_MODES:
         assert model.startswith(f"s3://{loading['s3']['bucket']}/")

@@ -92,13 +92,15 @@ class SidecarThread:
 
 @dataclass
 class FakeVLLM:
-    """Answers /health, /v1/models, /v1/completions and /metrics like vLLM 0.32 does."""
+    """Answers /health, /v1/models, /v1/completions, /metrics and /load like vLLM 0.32 does
+    (/load as with --enable-server-load-tracking; `in_flight=None`: a vLLM without /load)."""
 
     model: str = "fake-model"
     healthy: bool = True
     completion_status: int = 200
     running: int = 0
     waiting: int = 0
+    in_flight: int | None = 0
     completions: int = 0
     metrics_polls: int = 0  # answers to /metrics (what the drain polls)
     # /health times out (a saturated or a stopped server); with `generating`, every /metrics
@@ -147,6 +149,8 @@ class FakeVLLM:
                     },
                 },
             )
+        if path == "/load" and self.in_flight is not None:
+            return httpx.Response(200, json={"server_load": self.in_flight})
         if path == "/metrics":
             self.metrics_polls += 1
             if self.generating:

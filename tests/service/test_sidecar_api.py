@@ -197,6 +197,33 @@ def test_drain_times_out_and_reports_what_it_saw(start_sidecar: SidecarFactory) 
     assert sample(sidecar.metrics(), "ministream_drains_total", outcome="timeout") == 1
 
 
+def test_drain_waits_for_a_request_vllms_engine_gauges_do_not_show(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """vLLM's HTTP server holds a request its engine core has not scheduled (or whose response
+    it is still writing): the gauges say idle, GET /load says 1. The drain must wait for it;
+    SIGTERM would cut it (docs/sidecar.md#what-the-drain-counts)."""
+    fake = FakeVLLM(in_flight=1)
+    sidecar = with_fake(start_sidecar, fake, drain_poll_interval_seconds=0.05)
+    wait_until(sidecar.ready, 10, what="ready")
+    body = sidecar.post("/drain", params={"timeout_seconds": 0.4}).json()
+    assert body["outcome"] == "timeout", body
+    assert (body["running"], body["waiting"], body["in_flight"]) == (0, 0, 1)
+    fake.in_flight = 0
+    body = sidecar.post("/drain", params={"timeout_seconds": 5}).json()
+    assert body["outcome"] == "idle" and body["in_flight"] == 0
+
+
+def test_drain_without_vllms_load_endpoint_counts_the_gauges_alone(
+    start_sidecar: SidecarFactory,
+) -> None:
+    """A vLLM without /load (older than the sidecar's pinned one): the gauges decide, as before."""
+    fake = FakeVLLM(in_flight=None)
+    sidecar = with_fake(start_sidecar, fake, drain_poll_interval_seconds=0.05)
+    body = sidecar.post("/drain", params={"timeout_seconds": 5}).json()
+    assert body["outcome"] == "idle" and body["in_flight"] is None and body["scrape_errors"] == 0
+
+
 def test_drain_of_a_pod_whose_vllm_never_came_up_ends_at_once(
     start_sidecar: SidecarFactory,
 ) -> None:

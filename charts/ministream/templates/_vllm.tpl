@@ -23,6 +23,9 @@
 {{- end }}
 - --shutdown-timeout
 - {{ int .Values.vllm.shutdownTimeoutSeconds | quote }}
+# GET /load counts the requests vLLM's HTTP server holds, which the preStop drain waits for:
+# its engine gauges miss one not yet scheduled (docs/sidecar.md#what-the-drain-counts).
+- --enable-server-load-tracking
 {{- $format := include "ministream.loadFormat" . }}
 {{- if ne $format "auto" }}
 - --load-format

@@ -42,7 +42,8 @@ async def drain(
         Query(gt=0, le=86400, description="Override DRAIN_TIMEOUT_SECONDS for this drain."),
     ] = None,
 ) -> DrainBody:
-    """Go unready at once; return when vLLM has no running or waiting requests, or on timeout.
+    """Go unready at once; return when vLLM holds no request (none running, waiting or in
+    flight in its HTTP server), or on timeout.
 
     Draining is one-way: the pod is on its way out.
     """

@@ -50,6 +50,11 @@ class DrainBody(BaseModel):
     duration_seconds: float
     running: int | None = Field(description="Last vLLM num_requests_running seen.")
     waiting: int | None = Field(description="Last vLLM num_requests_waiting seen.")
+    in_flight: int | None = Field(
+        default=None,
+        description="Last vLLM GET /load seen: requests its HTTP server had accepted and not "
+        "yet answered (null: never read, or vLLM has no /load).",
+    )
     polls: int
     scrape_errors: int
     last_error: str | None = None
