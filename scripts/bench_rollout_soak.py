@@ -44,6 +44,11 @@ def loadtest_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "ministream_loadtest"]
 
 
+def _not_regular(directory: str, names: list[str]) -> set[str]:
+    base = Path(directory)
+    return {n for n in names if not (base / n).is_dir() and not (base / n).is_file()}
+
+
 def run_one(
     name: str, front: str, drain: bool, rollout_args: Sequence[str], scratch: Path, keep: Path
 ) -> dict[str, Any]:
@@ -71,7 +76,8 @@ def run_one(
     if lost and workdir.exists():
         kept = keep / name
         shutil.rmtree(kept, ignore_errors=True)
-        shutil.move(str(workdir), kept)
+        # Files only: the work directory also holds sockets (HAProxy's admin socket).
+        shutil.copytree(workdir, kept, ignore=_not_regular)
         if report_path.exists():
             shutil.copy2(report_path, kept / "report.json")
     return {
@@ -132,6 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rollouts", type=int, default=10, help="drained rollouts per front")
     parser.add_argument("--control-rollouts", type=int, default=2, help="--no-drain per front")
     parser.add_argument("--fronts", default=",".join(FRONTS), help="comma-separated")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out (same rollout arguments) and run only the rest",
+    )
     args = parser.parse_args(own)
     fronts = [f for f in args.fronts.split(",") if f]
     if unknown := set(fronts) - set(FRONTS):
@@ -139,19 +150,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rollout_args:
         parser.error("pass the rollout's arguments after `--` (--replicas, --model, ...)")
     keep = args.out.with_name(args.out.name + ".d")
-    runs: list[dict[str, Any]] = []
+    runs = resumed_runs(args.out, rollout_args) if args.resume else []
+    done = {r["name"] for r in runs}
     with tempfile.TemporaryDirectory(prefix="rollout-soak-") as tmp:
         for front in fronts:
             plan = [(True, i) for i in range(args.rollouts)]
             plan += [(False, i) for i in range(args.control_rollouts)]
             for drain, i in plan:
                 name = f"{front}-{'drain' if drain else 'nodrain'}-{i:02d}"
+                if name in done:
+                    continue
                 runs.append(run_one(name, front, drain, rollout_args, Path(tmp), keep))
                 # Written after every run: an interrupted soak keeps what it measured.
                 write_json(args.out, report(args, fronts, rollout_args, runs))
     rows = summarize(runs)
     print_table(rows)
     return 0 if all(r["exit_code"] == 0 for r in runs) else 1
+
+
+def resumed_runs(out: Path, rollout_args: Sequence[str]) -> list[dict[str, Any]]:
+    """The runs of an interrupted soak with the same rollout arguments; none if no report."""
+    if not out.exists():
+        return []
+    earlier = json.loads(out.read_text())
+    if earlier["config"]["rollout_args"] != list(rollout_args):
+        raise SystemExit(
+            f"{out} was written with other rollout arguments "
+            f"({' '.join(earlier['config']['rollout_args'])}): --resume only continues the "
+            "same soak; pass another --out to start a new one"
+        )
+    return list(earlier["runs"])
 
 
 def report(
