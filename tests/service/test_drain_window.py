@@ -1,7 +1,7 @@
 """The window between the drain's idle test and vLLM's shutdown, reproduced by construction on
 the real vLLM CPU engine (docs/sidecar.md#what-the-drain-counts).
 
-A rolling restart once lost 1 request in ~800: it reached vLLM in the endpoint-lag window
+A rolling restart once lost a request: it reached vLLM in the endpoint-lag window
 while the machine was starved (a new pod starting on the same cores), vLLM's engine gauges
 said 0 running and 0 waiting, the drain ended, and the SIGTERM that followed answered the
 request `200` with an empty stream. Here the starved engine core is a stopped one (SIGSTOP):
