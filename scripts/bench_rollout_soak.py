@@ -169,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def resumed_runs(out: Path, rollout_args: Sequence[str]) -> list[dict[str, Any]]:
-    """The runs of an interrupted soak with the same rollout arguments; none if no report."""
+    """The completed runs of an interrupted soak with the same rollout arguments (a run that
+    ended with an error, e.g. a pod that never started, is run again); none if no report."""
     if not out.exists():
         return []
     earlier = json.loads(out.read_text())
@@ -179,7 +180,7 @@ def resumed_runs(out: Path, rollout_args: Sequence[str]) -> list[dict[str, Any]]
             f"({' '.join(earlier['config']['rollout_args'])}): --resume only continues the "
             "same soak; pass another --out to start a new one"
         )
-    return list(earlier["runs"])
+    return [r for r in earlier["runs"] if r["exit_code"] == 0]
 
 
 def report(

@@ -86,6 +86,10 @@ def test_resume_runs_only_what_is_missing_and_refuses_another_soak(
     out = tmp_path / "soak.json"
     base = ["--out", str(out), "--fronts", "haproxy", "--control-rollouts", "0"]
     assert soak.main([*base, "--rollouts", "1", "--", "--replicas", "2"]) == 0
+    # A run that ended with an error (a pod that never started) is run again.
+    report = json.loads(out.read_text())
+    report["runs"].append({**report["runs"][0], "name": "haproxy-drain-01", "exit_code": 1})
+    out.write_text(json.dumps(report))
     ran: list[str] = []
     run_one = soak.run_one
     monkeypatch.setattr(soak, "run_one", lambda name, *a: ran.append(name) or run_one(name, *a))
