@@ -69,6 +69,16 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
+def drop_flag(argv: list[str], flag: str) -> list[str]:
+    """argv without `flag` and the values after it (up to the next flag)."""
+    if flag not in argv:
+        return list(argv)
+    i = argv.index(flag)
+    rest = argv[i + 1 :]
+    end = next((k for k, a in enumerate(rest) if a.startswith("-")), len(rest))
+    return argv[:i] + rest[end:]
+
+
 def server_command(mode: str, model: str, port: int) -> tuple[list[str], dict[str, str], str]:
     """argv, env and served model name for `mode` (vllm-defaults | chart)."""
     if mode == "vllm-defaults":  # `vllm serve DIR`, as the console script runs it
@@ -127,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
 
     argv, env_over, served = server_command(args.mode, args.model, args.port)
+    for flag in args.drop_arg:
+        argv = drop_flag(argv, flag)
     argv += args.extra_arg
     env = (
         os.environ
@@ -427,6 +439,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", choices=["chart", "none"], default="chart")
     p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
     p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
+    p.add_argument(
+        "--drop-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="remove FLAG and its values from the chart's arguments first, repeatable",
+    )
     p.add_argument(
         "--prefetch",
         action="append",
