@@ -127,7 +127,7 @@ def capture_table(report: dict[str, Any]) -> str:
     for kind in KINDS:
         names = [e for e in engines if e.split(".")[0] == kind]
         caps = [engines[e]["capture"] for e in names if engines[e]["capture"]]
-        counts = sorted({len(engines[e]["capture_sizes"]) for e in names})
+        counts = sorted({len(c.get("sizes", [])) for c in caps})
         lines.append(
             f"| {kind} | {'/'.join(map(str, counts))} "
             f"| {_spread([c['seconds'] for c in caps], '.2f')} "

@@ -16,7 +16,7 @@ from typing import Any
 from vllm.v1.worker.gpu_worker import Worker
 
 
-class TimedWorker(Worker):  # type: ignore[misc]
+class TimedWorker(Worker):
     """vLLM's GPU worker, its capture timed."""
 
     _capture: dict[str, Any] | None = None
@@ -32,6 +32,8 @@ class TimedWorker(Worker):  # type: ignore[misc]
                 "seconds": time.perf_counter() - start,
                 "graph_bytes": graph_bytes,
                 "runner": type(runner).__name__,
+                # the sizes as this worker's config holds them when it captures
+                "sizes": list(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),
             }
             return graph_bytes
 
