@@ -79,12 +79,14 @@ def drop_flag(argv: list[str], flag: str) -> list[str]:
     return argv[:i] + rest[end:]
 
 
-def server_command(mode: str, model: str, port: int) -> tuple[list[str], dict[str, str], str]:
+def server_command(
+    mode: str, model: str, port: int, chart_defaults: Path = CHART_DEFAULTS
+) -> tuple[list[str], dict[str, str], str]:
     """argv, env and served model name for `mode` (vllm-defaults | chart)."""
     if mode == "vllm-defaults":  # `vllm serve DIR`, as the console script runs it
         argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
         return _set_flag(argv, "--port", str(port)), {}, model
-    chart = json.loads(CHART_DEFAULTS.read_text())
+    chart = json.loads(chart_defaults.read_text())
     argv = [sys.executable, *chart["argv"][1:]] if chart["argv"][0] == "python3" else chart["argv"]
     argv = _set_flag(_set_flag(argv, "--model", model), "--port", str(port))
     argv = _set_flag(argv, "--host", "127.0.0.1")
@@ -136,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
 
-    argv, env_over, served = server_command(args.mode, args.model, args.port)
+    argv, env_over, served = server_command(
+        args.mode, args.model, args.port, Path(args.chart_defaults)
+    )
     for flag in args.drop_arg:
         argv = drop_flag(argv, flag)
     argv += args.extra_arg
@@ -206,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise RuntimeError(f"no /health 200 within {args.timeout} s")
         if args.warmup != "none":
-            settings = json.loads(CHART_DEFAULTS.read_text())["warmup"]
+            settings = json.loads(Path(args.chart_defaults).read_text())["warmup"]
             result["warmup"] = warmup(base, served, settings)
         ready = time.time() - t0
         result["ok"] = True
@@ -439,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", choices=["chart", "none"], default="chart")
     p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
     p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
+    p.add_argument(
+        "--chart-defaults",
+        default=str(CHART_DEFAULTS),
+        help="the chart's rendering to start (--mode chart); e.g. chart-defaults-h200.json",
+    )
     p.add_argument(
         "--drop-arg",
         action="append",

@@ -16,7 +16,9 @@
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
 #     (engine core forked, not spawned), chart-graphs64-{fresh,seeded,warm} (capture size
 #     64), chart-kvb-{fresh,seeded,warm} (capture size 64 + --kv-cache-memory-bytes=KV_BYTES,
-#     the chart's own size for one H200 unless given) and the pseudo-variant importprofile;
+#     the chart's own size for one H200 unless given), h200-{fresh,seeded,warm} (exactly what
+#     the chart renders for one H200: chart-defaults-h200.json, its KV size, max-num-seqs and
+#     capture sizes) and the pseudo-variant importprofile;
 #     HIDE_HOST_PACKAGES=1 starts without the host-only packages (HIDE_PACKAGES);
 #     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
@@ -327,6 +329,17 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
           a=(--mode chart --cache-root /tmp/cc/g64kvseeded "${kvb[@]}") ;;
         chart-kvb-warm)
           a=(--mode chart --cache-root /tmp/cc/g64kv "${kvb[@]}") ;;
+        h200-fresh)  # what the chart renders for one H200 (chart-defaults-h200.json: its
+          # KV-cache size, max-num-seqs and capture sizes), from an empty cache
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200 --fresh-cache) ;;
+        h200-seeded)  # h200-fresh's cache, packed and unpacked at a new path
+          seed_cache h200 h200seeded "-$name"
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200seeded) ;;
+        h200-warm)
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200) ;;
         chart-fork-fresh)  # the engine core forked from the API server, not spawned
           a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache
              --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;
