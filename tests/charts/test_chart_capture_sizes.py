@@ -1,6 +1,7 @@
-"""vLLM's batch limit and CUDA-graph capture sizes as the chart renders them: `--max-num-seqs`
-from vllm.maxNumSeqs on every target, and on GPU targets `--cudagraph-capture-sizes` from the
-chart's rule (vllm.cudaGraphs.captureSizes `sparse`), vLLM's own sizes (`vllm`) or a list."""
+"""vLLM's batch limit and CUDA-graph capture sizes as the chart renders them on GPU targets:
+`--max-num-seqs` from vllm.maxNumSeqs and `--cudagraph-capture-sizes` from the chart's rule
+(vllm.cudaGraphs.captureSizes `sparse`), vLLM's own sizes (`vllm`) or a list. CPU targets keep
+the CPU build's own defaults."""
 
 from __future__ import annotations
 
@@ -92,11 +93,13 @@ def test_a_list_is_rendered_as_given() -> None:
     assert flag_values(args, SIZES) == ["64", "8", "1"]
 
 
-def test_cpu_target_gets_the_batch_limit_but_no_capture_sizes() -> None:
-    # vLLM's CPU build captures no graphs (CpuPlatform empties cudagraph_capture_sizes).
+def test_cpu_target_keeps_the_cpu_builds_defaults() -> None:
+    # vLLM's CPU build captures no graphs (it accepts the sizes and empties the list), and its
+    # own max-num-seqs default stays; extraArgs may still set one there.
     args = vllm_args(CPU, vllm__maxNumSeqs=64, vllm__cudaGraphs__captureSizes=[8])
-    assert flag_values(args, SEQS) == ["64"]
+    assert flag_values(args, SEQS) is None
     assert flag_values(args, SIZES) is None
+    assert f"{SEQS}=64" in vllm_args(CPU, vllm__extraArgs=[f"{SEQS}=64"])
 
 
 def test_multinode_leader_gets_the_same_sizes() -> None:

@@ -46,8 +46,10 @@
 - --max-model-len
 - {{ int . | quote }}
 {{- end }}
+{{- if eq .Values.accelerator.type "gpu" }}
 - --max-num-seqs
 - {{ int .Values.vllm.maxNumSeqs | quote }}
+{{- end }}
 {{- with include "ministream.cudaGraphCaptureSizes" . }}
 - --cudagraph-capture-sizes
 {{- range fromJsonArray . }}
