@@ -69,12 +69,24 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
-def server_command(mode: str, model: str, port: int) -> tuple[list[str], dict[str, str], str]:
+def drop_flag(argv: list[str], flag: str) -> list[str]:
+    """argv without `flag` and the values after it (up to the next flag)."""
+    if flag not in argv:
+        return list(argv)
+    i = argv.index(flag)
+    rest = argv[i + 1 :]
+    end = next((k for k, a in enumerate(rest) if a.startswith("-")), len(rest))
+    return argv[:i] + rest[end:]
+
+
+def server_command(
+    mode: str, model: str, port: int, chart_defaults: Path = CHART_DEFAULTS
+) -> tuple[list[str], dict[str, str], str]:
     """argv, env and served model name for `mode` (vllm-defaults | chart)."""
     if mode == "vllm-defaults":  # `vllm serve DIR`, as the console script runs it
         argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
         return _set_flag(argv, "--port", str(port)), {}, model
-    chart = json.loads(CHART_DEFAULTS.read_text())
+    chart = json.loads(chart_defaults.read_text())
     argv = [sys.executable, *chart["argv"][1:]] if chart["argv"][0] == "python3" else chart["argv"]
     argv = _set_flag(_set_flag(argv, "--model", model), "--port", str(port))
     argv = _set_flag(argv, "--host", "127.0.0.1")
@@ -126,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
 
-    argv, env_over, served = server_command(args.mode, args.model, args.port)
+    argv, env_over, served = server_command(
+        args.mode, args.model, args.port, Path(args.chart_defaults)
+    )
+    for flag in args.drop_arg:
+        argv = drop_flag(argv, flag)
     argv += args.extra_arg
     env = (
         os.environ
@@ -194,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise RuntimeError(f"no /health 200 within {args.timeout} s")
         if args.warmup != "none":
-            settings = json.loads(CHART_DEFAULTS.read_text())["warmup"]
+            settings = json.loads(Path(args.chart_defaults).read_text())["warmup"]
             result["warmup"] = warmup(base, served, settings)
         ready = time.time() - t0
         result["ok"] = True
@@ -450,6 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", choices=["chart", "none"], default="chart")
     p.add_argument("--env", action="append", default=[], help="K=V, repeatable")
     p.add_argument("--extra-arg", action="append", default=[], help="vLLM argument, repeatable")
+    p.add_argument(
+        "--chart-defaults",
+        default=str(CHART_DEFAULTS),
+        help="the chart's rendering to start (--mode chart); e.g. chart-defaults-h200.json",
+    )
+    p.add_argument(
+        "--drop-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="remove FLAG and its values from the chart's arguments first, repeatable",
+    )
     p.add_argument(
         "--prefetch",
         action="append",

@@ -16,7 +16,9 @@
 #     chart-debug (warm, vLLM DEBUG log), chart-fork-fresh chart-fork-warm chart-fork-seeded
 #     (engine core forked, not spawned), chart-graphs64-{fresh,seeded,warm} (capture size
 #     64), chart-kvb-{fresh,seeded,warm} (capture size 64 + --kv-cache-memory-bytes=KV_BYTES,
-#     the chart's own size for one H200 unless given) and the pseudo-variant importprofile;
+#     the chart's own size for one H200 unless given), h200-{fresh,seeded,warm} (exactly what
+#     the chart renders for one H200: chart-defaults-h200.json, its KV size, max-num-seqs and
+#     capture sizes) and the pseudo-variant importprofile;
 #     HIDE_HOST_PACKAGES=1 starts without the host-only packages (HIDE_PACKAGES);
 #     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
@@ -28,6 +30,8 @@
 #     The API server needs packages the vLLM transfer does not pack: carry `.whl` (uvicorn,
 #     watchfiles, prometheus-fastapi-instrumentator, python-multipart,
 #     model-hosting-container-standards, jmespath, supervisor; see docs/results/h200/run4).
+#   bash scripts/gpu/h200.sh capture "$OUT"    # capture_sizes.py: capture time + decode
+#     throughput, vLLM's capture sizes (A/A) vs capture size 64 vs the chart's (CAPTURE_*)
 #   bash scripts/gpu/h200.sh fp8 "$OUT"        # fp8_compare.py: bf16 vs online FP8
 #   bash scripts/gpu/h200.sh lora "$OUT"       # lora_throughput.py: 0/1/4/16 LoRA adapters mixed
 #   bash scripts/gpu/h200.sh routing "$OUT"    # bench_routing.py: vLLM's router, cache_aware vs
@@ -57,7 +61,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|coldstart|offload|routing|fp8|lora|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|capture|coldstart|offload|routing|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -143,7 +147,8 @@ from ministream_testkit.provenance import stamp
 keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES "
         "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES HIDE_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
         "OFFLOAD_LIMIT OFFLOAD_ARGS ROUTING_REPLICAS ROUTING_KV_GIB ROUTING_RATE ROUTING_ROUNDS "
-        "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES").split()
+        "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES "
+        "CAPTURE_INSTANCES CAPTURE_LIMIT CAPTURE_ARGS").split()
 rec = {"step": sys.argv[2], "started": float(sys.argv[3]), "ended": time.time(),
        "settings": {k: os.environ[k] for k in keys if k in os.environ}}
 open(sys.argv[1], "w").write(json.dumps(stamp(rec), indent=2) + "\n")
@@ -183,7 +188,7 @@ install_api_wheels() {  # the API server's packages the vLLM transfer lacks, car
 }
 
 case "$step" in
-  parity|coldstart|fp8|lora|offload|routing) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+  parity|capture|coldstart|fp8|lora|offload|routing) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
 esac
 case "$step" in
   models)
@@ -221,6 +226,21 @@ case "$step" in
       --budget-s ${PARITY_BUDGET:-120} --stop-after-s $(( ${PARITY_LIMIT:-330} - 45 )) --llm-args "$parity_llm_args" \
       > "$out/forward-parity.log" 2>&1
     echo "   exit $? ($(date +%T))"; grep -A12 "^[0-9]* rounds" "$out/forward-parity.log"
+    gpu_leftovers ;;
+  capture)
+    # capture_sizes.py: CUDA-graph capture time and decode throughput of vLLM's own capture
+    # sizes (two groups: the A/A), capture size 64 and the chart's sizes
+    # (chart-defaults-h200.json), CAPTURE_INSTANCES (3) engines of each in one process;
+    # CAPTURE_LIMIT (s, 540), CAPTURE_ARGS (more capture_sizes.py run flags).
+    compile_bytecode
+    echo "== capture sizes ($(date +%T))"
+    limit=${CAPTURE_LIMIT:-540}
+    # shellcheck disable=SC2086  # CAPTURE_ARGS is a list of flags
+    timeout -s INT -k 30 "$limit" python3 scripts/gpu/capture_sizes.py run --model $M/gpu-1b \
+      --out "$out/capture-sizes.json" --instances ${CAPTURE_INSTANCES:-3} \
+      --stop-after-s $(( limit - 50 )) ${CAPTURE_ARGS:-} > "$out/capture-sizes.log" 2>&1
+    echo "   exit $? ($(date +%T))"; grep -E "^(vllm_|size64|chart)[.0-9]*: up|^round" "$out/capture-sizes.log" | cut -c1-240
+    sed -n '/ rounds, /,$p' "$out/capture-sizes.log"
     gpu_leftovers ;;
   coldstart)
     # Each variant: one server start -> /health -> chart warmup -> SIGTERM (cold_start.py).
@@ -278,7 +298,8 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
       if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + limit )) -gt "$DEADLINE" ]; then
         echo "skipped $name: too close to DEADLINE"; continue
       fi
-      g64=(--extra-arg=--max-cudagraph-capture-size=64)
+      # capture size 64 instead of the chart's capture sizes (vLLM refuses the two together)
+      g64=(--drop-arg=--cudagraph-capture-sizes --extra-arg=--max-cudagraph-capture-size=64)
       kvb=("${g64[@]}" --extra-arg=--kv-cache-memory-bytes=$KV_BYTES)
       case $v in
         vllm-fresh)  a=(--mode vllm-defaults --cache-root /tmp/cc/vllm --fresh-cache) ;;
@@ -308,6 +329,17 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
           a=(--mode chart --cache-root /tmp/cc/g64kvseeded "${kvb[@]}") ;;
         chart-kvb-warm)
           a=(--mode chart --cache-root /tmp/cc/g64kv "${kvb[@]}") ;;
+        h200-fresh)  # what the chart renders for one H200 (chart-defaults-h200.json: its
+          # KV-cache size, max-num-seqs and capture sizes), from an empty cache
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200 --fresh-cache) ;;
+        h200-seeded)  # h200-fresh's cache, packed and unpacked at a new path
+          seed_cache h200 h200seeded "-$name"
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200seeded) ;;
+        h200-warm)
+          a=(--mode chart --chart-defaults scripts/gpu/chart-defaults-h200.json
+             --cache-root /tmp/cc/h200) ;;
         chart-fork-fresh)  # the engine core forked from the API server, not spawned
           a=(--mode chart --cache-root /tmp/cc/chart --fresh-cache
              --env VLLM_WORKER_MULTIPROC_METHOD=fork) ;;

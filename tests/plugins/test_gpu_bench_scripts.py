@@ -540,3 +540,41 @@ def test_kv_offload_reads_the_counters_an_h200_recorded(gpu_module) -> None:  # 
     assert s["ratio_on_off"]["ttft_p50_s"]["median"] == pytest.approx(0.5)
     assert s["ratio_on_off"]["output_tok_s"]["median"] == pytest.approx(1.5)
     assert "on/off (paired)" in kv.table_text({"summary": s, "blocks": blocks})
+
+
+def test_capture_sizes_reads_the_charts_flags_from_its_rendering(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """capture_sizes.py takes the chart's flags from the committed H200 rendering (which the
+    test above keeps current), values up to the next flag, in the chart's own order."""
+    cs = gpu_module("capture_sizes")
+    argv = json.loads((GPU_SCRIPTS / "chart-defaults-h200.json").read_text())["argv"]
+    flags = cs.chart_flags(argv)
+    seqs = flags[flags.index("--max-num-seqs") + 1]
+    sizes = flags[flags.index("--cudagraph-capture-sizes") + 1 :]
+    assert sizes and all(s.isdigit() for s in sizes) and sizes[-1] == seqs
+    with pytest.raises(ValueError, match="--cudagraph-capture-sizes"):
+        cs.chart_flags([a for a in argv if a != "--cudagraph-capture-sizes"])
+
+
+def test_capture_sizes_ratios_are_throughput_over_vllms_sizes(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    """A kind whose decode steps take half the time is reported twice as fast, the A/A near
+    1, and the goal flag follows the chart's ratio."""
+    cs = gpu_module("capture_sizes")
+    engines = cs.engine_order(3)
+    assert engines[:4] == [f"{k}.0" for k in cs.KINDS] and len(engines) == 12
+    step = {"vllm_a": 2.0, "vllm_b": 2.0, "size64": 4.0, "chart": 1.0}
+    forward = {64: {e: [step[e.split(".")[0]] * (1 + 0.01 * r) for r in range(4)] for e in engines}}
+    wall = {64: {e: [0.5] * 4 for e in engines}}
+    row = cs.summarise(forward, wall, engines, decode_steps=32, resamples=100)["64"]
+    assert row["tokens_per_s"]["chart"] == pytest.approx(64 * 1000.0 / 1.015)
+    assert row["ratio"]["chart"]["median"] == pytest.approx(2.0)
+    assert row["ratio"]["size64"]["median"] == pytest.approx(0.5)
+    assert row["ratio"]["vllm_b"]["median"] == pytest.approx(1.0)
+    assert row["chart_meets_goal"] == {"estimate": True, "interval_lower": True}
+    assert "| 64 |" in cs.throughput_table({"batches": {"64": row}})
+
+
+def test_cold_start_drops_a_flag_with_its_values(gpu_module) -> None:  # type: ignore[no-untyped-def]
+    cold = gpu_module("cold_start")
+    argv = ["python3", "--max-num-seqs", "8", "--cudagraph-capture-sizes", "1", "2", "--port", "1"]
+    assert cold.drop_flag(argv, "--cudagraph-capture-sizes") == [*argv[:3], "--port", "1"]
+    assert cold.drop_flag(argv, "--absent") == argv

@@ -49,6 +49,16 @@
 - --max-model-len
 - {{ int . | quote }}
 {{- end }}
+{{- if eq .Values.accelerator.type "gpu" }}
+- --max-num-seqs
+- {{ int .Values.vllm.maxNumSeqs | quote }}
+{{- end }}
+{{- with include "ministream.cudaGraphCaptureSizes" . }}
+- --cudagraph-capture-sizes
+{{- range fromJsonArray . }}
+- {{ int . | quote }}
+{{- end }}
+{{- end }}
 {{- with .Values.vllm.maxQueuedRequests }}
 - --max-num-queued-reqs
 - {{ int . | quote }}
@@ -69,6 +79,44 @@
 {{- range .Values.vllm.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/*
+CUDA-graph capture sizes (`--cudagraph-capture-sizes`) as a JSON list, or "" for none: GPU
+targets only (vLLM's CPU build captures no graphs and empties the list itself).
+vllm.cudaGraphs.captureSizes `sparse` is the chart's rule, from N = vllm.maxNumSeqs:
+  the powers of two up to N, the point 1.5x each power between it and the next from 16 on, and
+  N itself; every size <= N (N = 256: 1 2 4 8 16 24 32 48 64 96 128 192 256).
+A decode batch of B requests replays the smallest size >= B: above 16 requests it pads by
+less than half of B. H200, gpu-1b: 13 sizes captured in 1-2 s against vLLM's own 51 (1, 2, 4, the
+multiples of 8 to 256, of 16 to 512) in 4-5 s; docs/benchmarks.md, "Capture sizes", has the
+throughput. `vllm`: no flag, vLLM's own sizes; a list: those sizes.
+*/}}
+{{- define "ministream.cudaGraphCaptureSizes" -}}
+{{- $given := .Values.vllm.cudaGraphs.captureSizes -}}
+{{- if eq .Values.accelerator.type "gpu" -}}
+{{- if kindIs "slice" $given -}}
+{{- $given | toJson -}}
+{{- else if eq (toString $given) "sparse" -}}
+{{- $n := int64 .Values.vllm.maxNumSeqs -}}
+{{- $sizes := list -}}
+{{- $p := int64 1 -}}
+{{- range until 63 -}}
+{{- if le $p $n -}}
+{{- $sizes = append $sizes $p -}}
+{{- $mid := div (mul $p 3) 2 -}}
+{{- if and (ge $p 16) (le $mid $n) -}}
+{{- $sizes = append $sizes $mid -}}
+{{- end -}}
+{{- end -}}
+{{- $p = mul $p 2 -}}
+{{- end -}}
+{{- if not (has $n $sizes) -}}
+{{- $sizes = append $sizes $n -}}
+{{- end -}}
+{{- $sizes | toJson -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
