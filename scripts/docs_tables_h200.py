@@ -1,5 +1,5 @@
 """The H200 runs' tables (docs/benchmarks.md, "H200"), one renderer each: forward parity,
-cold starts, KV offload, FP8, the golden check, side by side, loaders."""
+cold starts, KV offload, FP8, the golden check, side by side, loaders, capture sizes."""
 
 from __future__ import annotations
 
@@ -116,6 +116,15 @@ def run18_cold_start_b(root: Path) -> Lines:
     order = "chart-kvb-fresh chart-kvb-seeded-evict-prefetch-hide chart-kvb-warm-hide"
     order += " chart-kvb-warm vllm-fresh-hide vllm-warm-hide"
     return cold_start_summary(root, list(RUN18_B), order.split())
+
+
+RUN19_COLD = (f"{H200}/run19/call4/coldstart-1/cold",)
+
+
+@TABLES.table("h200-run19-cold-start", *RUN19_COLD)
+def run19_cold_start(root: Path) -> Lines:
+    order = "h200-fresh h200-seeded-evict-prefetch h200-warm vllm-fresh vllm-warm"
+    return cold_start_summary(root, list(RUN19_COLD), order.split())
 
 
 RUN18_PAIRS = (f"{H200}/run18/call4", f"{H200}/run18/call5")
@@ -538,3 +547,96 @@ def loaders(root: Path) -> Lines:
 @TABLES.table("h200-loaders-run2", *(r for pair in LOADERS_RUN2.values() for r in pair))
 def loaders_run2(root: Path) -> Lines:
     return _loader_rows(root, {k: (a, b) for k, (a, b) in LOADERS_RUN2.items()}, "GB/s")
+
+
+# ---------------------------------------------------------------- H200: capture sizes
+
+RUN19_CAPTURE = f"{H200}/run19/call3/capture-1/capture-sizes.json"  # run 2, 10 rounds
+RUN19_CAPTURE_1 = f"{H200}/run19/call2/capture-1/capture-sizes.json"  # run 1, 7 rounds
+CAPTURE_KINDS = {
+    "vllm_a": "vLLM's (vllm_a)",
+    "vllm_b": "vLLM's (vllm_b)",
+    "size64": "size 64",
+    "chart": "**chart**",
+}
+
+
+def _engines(report: dict[str, Any], kind: str) -> list[str]:
+    return [e for e in report["engines"] if e.split(".")[0] == kind]
+
+
+def _capture_spread(report: dict[str, Any], kind: str) -> str:
+    """A kind's capture seconds, `median [min–max]` over its engines."""
+    seconds = [report["engines"][e]["capture"]["seconds"] for e in _engines(report, kind)]
+    return f"{statistics.median(seconds):.2f} [{min(seconds):.2f}–{max(seconds):.2f}]"
+
+
+@TABLES.table("h200-run19-capture", RUN19_CAPTURE, RUN19_CAPTURE_1)
+def run19_capture(root: Path) -> Lines:
+    report, report_1 = load(root, RUN19_CAPTURE), load(root, RUN19_CAPTURE_1)
+    n = report["settings"]["instances"]
+    lines = header(
+        "capture sizes",
+        "sizes",
+        f"capture s, median [min–max] over {n} engines",
+        "run 1",
+        "graph memory GiB",
+        align="lrllr",
+    )
+    for kind, label in CAPTURE_KINDS.items():
+        captures = [report["engines"][e]["capture"] for e in _engines(report, kind)]
+        sizes = "/".join(str(k) for k in sorted({len(c["sizes"]) for c in captures}))
+        memory = "/".join(f"{g:.2f}" for g in sorted({c["graph_bytes"] / 2**30 for c in captures}))
+        bold = "**" if kind == "chart" else ""
+        lines.append(
+            row(
+                label,
+                sizes,
+                f"{bold}{_capture_spread(report, kind)}{bold}",
+                f"{bold}{_capture_spread(report_1, kind)}{bold}",
+                memory,
+            )
+        )
+    return lines
+
+
+def _decode_range(report: dict[str, Any], batch: str, kind: str) -> str:
+    """Throughput of `kind` over vllm_a's: the ratio of the kinds' means of engine medians and
+    the lowest and highest engine pair (three engines a kind, started in one fixed kind order,
+    not in rotated blocks: interval_stats' method for instances not created in blocks)."""
+    times = report["forward_ms"][batch]
+    # time(vllm_a) / time(kind) = throughput(kind) / throughput(vllm_a)
+    summary = script("interval_stats").instance_pair_range(
+        [times[e] for e in _engines(report, "vllm_a")],
+        [times[e] for e in _engines(report, kind)],
+    )
+    return pair_range(summary)
+
+
+@TABLES.table("h200-run19-decode", RUN19_CAPTURE, RUN19_CAPTURE_1)
+def run19_decode(root: Path) -> Lines:
+    report, report_1 = load(root, RUN19_CAPTURE), load(root, RUN19_CAPTURE_1)
+    lines = header(
+        "batch",
+        "vLLM's sizes tok/s",
+        "size 64 tok/s",
+        "chart tok/s",
+        "A/A (vllm_b / vllm_a)",
+        "size 64 / vLLM's",
+        "**chart / vLLM's**",
+        f"chart / vLLM's, run 1 ({report_1['settings']['rounds']} rounds)",
+        align="rrrr",
+    )
+    for batch, figures in report["batches"].items():
+        tps = figures["tokens_per_s"]
+        lines.append(
+            row(
+                batch,
+                *(f"{tps[kind] / 1e3:.1f}k" for kind in ("vllm_a", "size64", "chart")),
+                _decode_range(report, batch, "vllm_b"),
+                _decode_range(report, batch, "size64"),
+                f"**{_decode_range(report, batch, 'chart')}**",
+                _decode_range(report_1, batch, "chart"),
+            )
+        )
+    return lines
