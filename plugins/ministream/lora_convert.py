@@ -33,10 +33,11 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ministream.convert import DTYPES, _replace_dir, make_world_readable
+from ministream.convert import DTYPES
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
 from ministream.names import DEFAULT_MAX_LORA_RANK, LORA_TARGETS, LoraTarget, lora_targets
+from ministream.output_dir import check_replaceable, make_world_readable, replace_dir
 from ministream.train_config import TrainConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -236,8 +237,7 @@ def convert_lora(
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     adapter, output = Path(adapter), Path(output)
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} already exists; pass --force to replace it")
+    check_replaceable(output, force)
     cfg, base_hash = read_base(base)
     raw = _load_adapter(adapter)
     r, alpha, targets, pairs = check_adapter(raw, cfg, base_hash, max_rank)
@@ -300,7 +300,7 @@ def convert_lora(
             (tmp / MANIFEST_NAME).write_text(manifest.to_json())
             bar.update()
         make_world_readable(tmp)
-        _replace_dir(tmp, output)
+        replace_dir(tmp, output, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
