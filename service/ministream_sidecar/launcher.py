@@ -1,7 +1,7 @@
 """`ministream up`: vLLM and the sidecar together on one machine.
 
     ministream up --model DIR [--port 8000] [--sidecar-port 8081] [--host 127.0.0.1]
-                  [-- EXTRA_VLLM_ARGS...]
+                  [--from-hub] [-- EXTRA_VLLM_ARGS...]
 
 Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script is
 broken, docs/architecture.md §3) and `python -m ministream_sidecar`, each in its own session so that
@@ -12,6 +12,10 @@ the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which got
 vLLM or the sidecar dies on its own, the other is stopped and the exit status is non-zero; when
 vLLM is the one that exited, the last line is vLLM's own reason (from the tail of its output, which
 still reaches the terminal live).
+
+`--model` is a local directory or an s3:// URI; anything else is refused before anything
+starts, and vLLM runs with `HF_HUB_OFFLINE=1`, so a mistyped path never becomes a Hugging
+Face hub id that downloads and serves someone else's model. `--from-hub` asks for the hub.
 
 On vLLM's CPU build the KV cache is sized to fit this machine (`cpu_memory`) unless the user
 sized it: vLLM's own default reserves 92 % of the memory and refuses to start when that much
@@ -63,6 +67,7 @@ class UpArgs:
     sidecar_port: int
     host: str
     vllm_args: list[str]
+    from_hub: bool = False
 
 
 def parse_args(argv: list[str]) -> UpArgs:
@@ -84,33 +89,46 @@ def parse_args(argv: list[str]) -> UpArgs:
     parser.add_argument("--port", type=int, default=8000, help="vLLM OpenAI API port")
     parser.add_argument("--sidecar-port", type=int, default=8081, help="sidecar port")
     parser.add_argument("--host", default="127.0.0.1", help="bind address of both servers")
+    parser.add_argument(
+        "--from-hub",
+        action="store_true",
+        help="let vLLM take a --model that is not a local directory as a Hugging Face hub id "
+        "and download it (without it, vLLM runs offline: HF_HUB_OFFLINE=1)",
+    )
     ns = parser.parse_args(own)
     if ns.port == ns.sidecar_port:
         parser.error("--port and --sidecar-port must differ")
-    if problem := local_model_problem(ns.model):
+    if problem := local_model_problem(ns.model, from_hub=ns.from_hub):
         parser.error(problem)
-    return UpArgs(ns.model, ns.port, ns.sidecar_port, ns.host, extra)
+    return UpArgs(ns.model, ns.port, ns.sidecar_port, ns.host, extra, ns.from_hub)
 
 
-def local_model_problem(model: str) -> str | None:
-    """Why `model`, a local path, cannot be served (checked before anything starts);
-    None for a servable directory, an s3:// URI or a hub id (vLLM resolves those)."""
+def local_model_problem(model: str, *, from_hub: bool = False) -> str | None:
+    """Why `model` cannot be served (checked before anything starts); None for a servable
+    directory, an s3:// URI, or (only with `from_hub`) a hub id that vLLM resolves."""
     if "://" in model:
         return None
     path = Path(model).expanduser()
     if not path.exists():
-        if model.startswith(("/", ".", "~")) or model.count("/") > 1:
-            return (
-                f"--model {model}: no such directory; pass a directory written by "
-                "`ministream convert` (or an s3:// URI)"
-            )
-        return None  # a hub id such as org/name
+        if from_hub:
+            return None
+        return (
+            f"--model {model}: no such directory; pass a directory written by "
+            "`ministream convert` (or an s3:// URI). To serve a Hugging Face hub model "
+            "instead, add --from-hub."
+        )
     if not (path / "config.json").is_file():
         return (
             f"--model {model}: no config.json there; pass a directory written by "
             "`ministream convert`, not the raw training checkpoint"
         )
     return None
+
+
+def hub_env(args: UpArgs) -> dict[str, str]:
+    """vLLM's environment entries that keep it off the hub unless `--from-hub` asked for it
+    (applied with setdefault: an HF_HUB_OFFLINE of the user's own wins)."""
+    return {} if args.from_hub else {"HF_HUB_OFFLINE": "1"}
 
 
 def vllm_command(args: UpArgs) -> list[str]:
@@ -193,6 +211,8 @@ class Launcher:
         env.setdefault(f"{ENV_PREFIX}PROCESS_START_TIME", repr(time.time()))
         # vLLM (through the plugin) stamps its start there; the sidecar splits it in phases.
         env.setdefault(startup_log.ENV, str(self.scratch / "vllm-startup.log"))
+        for key, value in hub_env(self.args).items():
+            env.setdefault(key, value)
         try:  # fail on a bad MINISTREAM_SIDECAR_* before starting anything
             settings = SidecarSettings()
         except ValidationError as exc:

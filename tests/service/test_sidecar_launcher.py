@@ -25,7 +25,12 @@ from sidecarkit import sample
 
 from ministream_sidecar import cpu_memory
 from ministream_sidecar.cpu_memory import GiB
-from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
+from ministream_sidecar.launcher import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    hub_env,
+    parse_args,
+    vllm_command,
+)
 from ministream_sidecar.metrics import ColdStartPhase
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
@@ -67,6 +72,29 @@ def test_ministream_up_refuses_a_missing_or_raw_model_before_starting_anything(
         )
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "ministream convert" in proc.stderr
+
+
+@pytest.mark.parametrize("model", ["conv2", "models/ministream", "org/name"])
+def test_up_never_takes_a_missing_path_for_a_hub_id(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths with at most one slash, absent here
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model])
+    err = capsys.readouterr().err
+    assert f"--model {model}: no such directory" in err and "--from-hub" in err
+
+
+def test_up_runs_vllm_offline_unless_asked_for_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conv").mkdir()
+    (tmp_path / "conv" / "config.json").write_text("{}")
+    assert hub_env(parse_args(["--model", "conv"])) == {"HF_HUB_OFFLINE": "1"}
+    args = parse_args(["--model", "org/name", "--from-hub"])
+    assert args.model == "org/name" and hub_env(args) == {}
+    assert vllm_command(args)[vllm_command(args).index("--model") + 1] == "org/name"
 
 
 def launch(
