@@ -1,7 +1,7 @@
 """`ministream up`: vLLM and the sidecar together on one machine.
 
     ministream up --model DIR [--port 8000] [--sidecar-port 8081] [--host 127.0.0.1]
-                  [--from-hub] [-- EXTRA_VLLM_ARGS...]
+                  [--from-hub] [--access-log-probes] [-- EXTRA_VLLM_ARGS...]
 
 Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script is
 broken, docs/architecture.md §3) and `python -m ministream_sidecar`, each in its own session so that
@@ -16,6 +16,10 @@ still reaches the terminal live).
 `--model` is a local directory or an s3:// URI; anything else is refused before anything
 starts, and vLLM runs with `HF_HUB_OFFLINE=1`, so a mistyped path never becomes a Hugging
 Face hub id that downloads and serves someone else's model. `--from-hub` asks for the hub.
+
+vLLM's `/health` (polled by the sidecar) and `/metrics` are left out of its access log, and
+the sidecar's probes that went well out of its own (`access_log.py`) unless
+`--access-log-probes`.
 
 On vLLM's CPU build the KV cache is sized to fit this machine (`cpu_memory`) unless the user
 sized it: vLLM's own default reserves 92 % of the memory and refuses to start when that much
@@ -54,6 +58,10 @@ _SIDECAR_STOP_SECONDS = 10.0
 _VLLM_STOP_MARGIN_SECONDS = 15.0  # beyond --shutdown-timeout, for vLLM's own teardown
 _VLLM_TAIL_LINES = 200  # a refusal's traceback and the worker's error lines above it
 _TAIL_DRAIN_SECONDS = 5.0  # for the last lines still in the pipes after vLLM exited
+# vLLM's paths that the sidecar's health loop and Prometheus ask for: left out of vLLM's
+# access log (the chart renders the same list; a chart test holds the two equal).
+VLLM_QUIET_PATHS = ("/health", "/metrics")
+QUIET_FLAG = "--disable-access-log-for-endpoints"
 
 
 class _ForceStop(Exception):
@@ -68,6 +76,7 @@ class UpArgs:
     host: str
     vllm_args: list[str]
     from_hub: bool = False
+    access_log_probes: bool = False
 
 
 def parse_args(argv: list[str]) -> UpArgs:
@@ -95,12 +104,21 @@ def parse_args(argv: list[str]) -> UpArgs:
         help="let vLLM take a --model that is not a local directory as a Hugging Face hub id "
         "and download it (without it, vLLM runs offline: HF_HUB_OFFLINE=1)",
     )
+    parser.add_argument(
+        "--access-log-probes",
+        action="store_true",
+        help="access-log every health check, probe and metrics scrape (vLLM's /health and "
+        "/metrics, the sidecar's /livez, /readyz and /metrics); without it only failed and "
+        "slow ones are",
+    )
     ns = parser.parse_args(own)
     if ns.port == ns.sidecar_port:
         parser.error("--port and --sidecar-port must differ")
     if problem := local_model_problem(ns.model, from_hub=ns.from_hub):
         parser.error(problem)
-    return UpArgs(ns.model, ns.port, ns.sidecar_port, ns.host, extra, ns.from_hub)
+    return UpArgs(
+        ns.model, ns.port, ns.sidecar_port, ns.host, extra, ns.from_hub, ns.access_log_probes
+    )
 
 
 def local_model_problem(model: str, *, from_hub: bool = False) -> str | None:
@@ -147,6 +165,10 @@ def vllm_command(args: UpArgs) -> list[str]:
         a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in args.vllm_args
     ):
         cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT)]
+    if not args.access_log_probes and not any(
+        a == QUIET_FLAG or a.startswith(f"{QUIET_FLAG}=") for a in args.vllm_args
+    ):
+        cmd += [QUIET_FLAG, ",".join(VLLM_QUIET_PATHS)]
     return cmd + args.vllm_args
 
 
@@ -232,6 +254,8 @@ class Launcher:
             f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
             f"{ENV_PREFIX}VLLM_URL": self.api_url,
         }
+        if self.args.access_log_probes:
+            sidecar_env[f"{ENV_PREFIX}ACCESS_LOG_PROBES"] = "true"
         self.sidecar = Child("sidecar", [sys.executable, "-m", "ministream_sidecar"], sidecar_env)
         _say(f"sidecar pid {self.sidecar.start().pid}")
         _say(

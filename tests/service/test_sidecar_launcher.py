@@ -97,6 +97,19 @@ def test_up_runs_vllm_offline_unless_asked_for_the_hub(
     assert vllm_command(args)[vllm_command(args).index("--model") + 1] == "org/name"
 
 
+def test_up_keeps_vllms_health_and_metrics_out_of_its_access_log(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    m = str(tmp_path)
+    quiet = vllm_command(parse_args(["--model", m]))
+    assert quiet[quiet.index("--disable-access-log-for-endpoints") + 1] == "/health,/metrics"
+    loud = vllm_command(parse_args(["--model", m, "--access-log-probes"]))
+    assert "--disable-access-log-for-endpoints" not in loud
+    own = vllm_command(parse_args(["--model", m, "--", "--disable-access-log-for-endpoints=/x"]))
+    assert [a for a in own if "disable-access-log" in a] == [
+        "--disable-access-log-for-endpoints=/x"
+    ]
+
+
 def launch(
     argv: list[str], tmp_path: Path, *, size_kv_cache: bool = False, **env: str
 ) -> tuple[subprocess.Popen[str], Path]:

@@ -63,6 +63,11 @@
 {{- if include "ministream.loraEnabled" . }}
 {{ include "ministream.loraArgs" . }}
 {{- end }}
+{{- if not .Values.accessLog.probes }}
+# The sidecar's /health poll and Prometheus's scrapes stay out of vLLM's access log.
+- --disable-access-log-for-endpoints
+- "/health,/metrics"
+{{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}
