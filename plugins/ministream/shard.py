@@ -55,6 +55,28 @@ def _copied(name: str) -> bool:
 # ---- source -----------------------------------------------------------------------------
 
 
+def check_heads_divide(model: str, tensor_parallel_size: int) -> None:
+    """Refuse, before any rank starts, a tensor-parallel size that does not divide the
+    model's attention heads (vLLM would fail in every rank after loading started)."""
+    if is_s3(model):
+        from ministream.s3 import make_client, parse_url, read_text
+
+        text = read_text(make_client(), parse_url(model), "config.json")
+    else:
+        path = Path(model) / "config.json"
+        text = path.read_text() if path.is_file() else None
+    if text is None:
+        return  # the manifest check that follows names what is missing
+    heads = int(json.loads(text).get("num_attention_heads") or 0)
+    if heads and heads % tensor_parallel_size:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ShardError(
+            f"--tensor-parallel-size {tensor_parallel_size} does not divide the model's {heads} "
+            f"attention heads: each rank serves whole heads. Pick one of "
+            f"{', '.join(map(str, fits))}."
+        )
+
+
 def _source_manifest(model: str) -> Manifest:
     if not is_s3(model):
         if ShardSetInfo.load(model) is not None:
@@ -272,6 +294,7 @@ def shard(
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ShardError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
     layout = Layout(tensor_parallel_size, pipeline_parallel_size)
+    check_heads_divide(model, tensor_parallel_size)
     manifest = _source_manifest(model)
     # The model's own dtype by default: vLLM's "auto" would turn float32 into bfloat16.
     dtype = dtype or manifest.dtype
