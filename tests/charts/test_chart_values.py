@@ -222,6 +222,10 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
         {"vllm": {"extraArgs": ["--port=9000"]}},
         ["remove --host / --port from vllm.extraArgs", "0.0.0.0:8000"],
     ),
+    "tp-not-dividing-the-heads": (
+        {"tensorParallelSize": None, "parallelism": {"tensor": 3}, "model": {"attentionHeads": 16}},
+        ["parallelism.tensor=3 does not divide model.attentionHeads=16", "one of 1, 2, 4, 8, 16"],
+    ),
     "gpu-limit-set-by-hand": (
         {"vllm": {"resources": {"limits": {"nvidia.com/gpu": 2}}}},
         ["do not set vllm.resources.limits.nvidia.com/gpu"],
@@ -284,6 +288,7 @@ def test_good_overrides_render(tmp_path: Path) -> None:
             {
                 "terminationGracePeriodSeconds": 105,
                 "vllm": {"extraArgs": ["--enable-prefix-caching"]},
+                "model": {"attentionHeads": 16},  # TP 1 divides it
             },
         ),
     )
