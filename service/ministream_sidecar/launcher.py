@@ -116,6 +116,8 @@ def parse_args(argv: list[str]) -> UpArgs:
         parser.error("--port and --sidecar-port must differ")
     if problem := local_model_problem(ns.model, from_hub=ns.from_hub):
         parser.error(problem)
+    if problem := tensor_parallel_problem(ns.model, extra):
+        parser.error(problem)
     return UpArgs(
         ns.model, ns.port, ns.sidecar_port, ns.host, extra, ns.from_hub, ns.access_log_probes
     )
@@ -139,6 +141,36 @@ def local_model_problem(model: str, *, from_hub: bool = False) -> str | None:
         return (
             f"--model {model}: no config.json there; pass a directory written by "
             "`ministream convert`, not the raw training checkpoint"
+        )
+    return None
+
+
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The value of the last of `names` in `args` (`--flag V` or `--flag=V`)."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return found
+
+
+def tensor_parallel_problem(model: str, vllm_args: list[str]) -> str | None:
+    """A tensor-parallel size (after `--`) that does not divide the local model's attention
+    heads, refused before vLLM starts (it would fail in every rank, after loading began)."""
+    tp_text = _flag_value(vllm_args, "--tensor-parallel-size", "-tp")
+    config = Path(model).expanduser() / "config.json"
+    if tp_text is None or not tp_text.isdigit() or "://" in model or not config.is_file():
+        return None
+    import json
+
+    heads = int(json.loads(config.read_text()).get("num_attention_heads") or 0)
+    tp = int(tp_text)
+    if tp and heads and heads % tp:
+        fits = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        return (
+            f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads: "
+            f"each rank serves whole heads. Pick one of {fits}."
         )
     return None
 

@@ -97,6 +97,19 @@ def test_up_runs_vllm_offline_unless_asked_for_the_hub(
     assert vllm_command(args)[vllm_command(args).index("--model") + 1] == "org/name"
 
 
+def test_up_refuses_a_tp_that_does_not_divide_the_heads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 12}')
+    for tp in (["--tensor-parallel-size", "5"], ["-tp=5"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", str(tmp_path), "--", *tp])
+        err = capsys.readouterr().err
+        assert "--tensor-parallel-size 5 does not divide the model's 12 attention heads" in err
+        assert "Pick one of 1, 2, 3, 4, 6, 12." in err
+    assert parse_args(["--model", str(tmp_path), "--", "-tp", "4"]).vllm_args == ["-tp", "4"]
+
+
 def test_up_keeps_vllms_health_and_metrics_out_of_its_access_log(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     m = str(tmp_path)
