@@ -119,20 +119,12 @@ def _read(path: Path) -> Source:
 
 
 def _read_torch(path: Path) -> Source:
-    mmap = zipfile.is_zipfile(path)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path} cannot be loaded with weights_only=True: it needs arbitrary code to "
-            f"unpickle, which MiniStream refuses for safety ({_first_line(exc)}). Re-save it "
-            "from the training framework as a plain state dict (torch.save(model.state_dict(), "
-            "path))."
-        ) from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(
-            f"{path} is not a readable torch checkpoint (truncated or corrupt?): {_first_line(exc)}"
-        ) from None
+    obj = load_torch_file(
+        path,
+        what="torch checkpoint",
+        expected=f"--checkpoint takes {ACCEPTED}",
+        mmap=zipfile.is_zipfile(path),
+    )
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(
             f"{path} holds {type(obj).__name__}, not a state dict (a dict of tensors, or a "
@@ -151,6 +143,67 @@ def sha256_files(root: Path, names: Sequence[str]) -> str:
     """
     listing = "".join(f"{sha256_file(root / name)}  {name}\n" for name in sorted(names))
     return hashlib.sha256(listing.encode()).hexdigest()
+
+
+# torch.save writes a zip archive with `<name>/data.pkl` (since torch 1.6), or before that a
+# pickle stream, which opens with PROTO and its protocol number (2 to 5).
+_PICKLE_STARTS = tuple(bytes([0x80, protocol]) for protocol in range(2, 6))
+# The paragraphs of torch's weights_only error that are its own advice, not the reason.
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def torch_file_kind(path: Path) -> str | None:
+    """ "zip" or "pickle" for what torch.save writes; None for anything else."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        return "zip"  # the archive's end is missing: a truncated torch.save zip, most likely
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None
+        return "zip" if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names) else None
+    return "pickle" if head[:2] in _PICKLE_STARTS else None
+
+
+def _unpickler_reason(exc: BaseException) -> str:
+    """torch's reason for refusing a weights_only load, without its advice around it (to
+    re-run with weights_only=False, which runs the file's code, or to file an issue)."""
+    paragraphs = [p.strip() for p in str(exc).split("\n\n") if p.strip()]
+    reasons = [p for p in paragraphs if not p.startswith(_TORCH_BOILERPLATE)]
+    return " ".join(" ".join(reasons).split()) if reasons else _first_line(exc)
+
+
+def load_torch_file(path: Path, *, what: str, expected: str, mmap: bool = False) -> object:
+    """`torch.load(path, weights_only=True)`, with an error that says which of three things
+    is wrong: the file is not a torch.save file at all (`expected` says what to pass), it is
+    one whose unpickling needs arbitrary code (refused), or it is damaged."""
+    kind = torch_file_kind(path)
+    if kind is None:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+        raise CheckpointError(
+            f"{path} is not a {what}: torch.save writes a zip archive holding data.pkl (or, "
+            f"before torch 1.6, a pickle), and this file starts with {head!r}. {expected}."
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        # torch's safe unpickler refuses what is not plain tensors and containers: a class or
+        # function to call, or an opcode it does not know (a frame of protocol 4 and up).
+        raise CheckpointError(
+            f"{path} cannot be loaded with weights_only=True: it needs arbitrary code to "
+            f"unpickle, which MiniStream refuses for safety ({_unpickler_reason(exc)}). Re-save "
+            "it from the training framework as plain tensors (torch.save(model.state_dict(), "
+            "path))."
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(
+            f"{path} is not a readable {what} (a torch.save {kind}, truncated or corrupt?): "
+            f"{_first_line(exc)}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

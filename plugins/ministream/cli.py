@@ -52,11 +52,24 @@ def _convert_lora(args: argparse.Namespace) -> int:
         force=args.force,
         progress=not args.quiet,
     )
+    import shlex
+
+    from ministream.names import serving_max_lora_rank
+
+    # A command a shell takes as written: quoted where needed, no `>=` (a redirect).
+    serve = shlex.join(
+        [
+            "--enable-lora",
+            "--max-lora-rank",
+            str(serving_max_lora_rank(result.rank)),
+            "--lora-modules",
+            f"{result.name}={result.output}",
+        ]
+    )
     print(
         f"converted adapter {result.name!r} (rank {result.rank}, {result.num_tensors} tensors "
         f"on {', '.join(result.modules)}) into {result.output} "
-        f"(adapter hash {result.manifest.model_hash[:16]}). Serve: --enable-lora "
-        f"--max-lora-rank >= {result.rank} --lora-modules {result.name}={result.output}"
+        f"(adapter hash {result.manifest.model_hash[:16]}). Serve with: {serve}"
     )
     return 0
 
@@ -94,7 +107,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from ministream.manifest import verify_dir
 
-    manifest = verify_dir(args.model)
+    manifest = verify_dir(args.model, progress=not args.quiet)
     print(
         f"{args.model}: {len(manifest.files)} files verified "
         f"(model hash {manifest.model_hash[:16]})"
@@ -261,12 +274,25 @@ Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
 def _add_demo(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="write a deterministic demo checkpoint (raw format)")
-    from ministream.presets import PRESET_NAMES
+    from ministream.presets import PRESET_NAMES, checkpoint_bytes
 
-    p.add_argument("--preset", default="seed", choices=PRESET_NAMES)
+    sizes = ", ".join(f"{name} {_size(checkpoint_bytes(name))}" for name in PRESET_NAMES)
+    p.add_argument(
+        "--preset",
+        default="seed",
+        choices=PRESET_NAMES,
+        help=f"model shape (default seed); model.pt sizes: {sizes}",
+    )
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_demo)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"~{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _add_demo_lora(sub: Subparsers) -> None:
@@ -360,6 +386,7 @@ def _add_convert(sub: Subparsers) -> None:
 def _add_verify(sub: Subparsers) -> None:
     p = sub.add_parser("verify", help="check a converted directory against its manifest")
     p.add_argument("model", type=Path)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_verify)
 
 
@@ -447,6 +474,9 @@ def _add_shard(sub: Subparsers) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ministream", description=__doc__)
+    from ministream.manifest import converter_version
+
+    parser.add_argument("--version", action="version", version=f"ministream {converter_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         _add_demo,

@@ -29,6 +29,7 @@ from ministream.checkpoint import open_raw_checkpoint
 from ministream.errors import CheckpointError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
 from ministream.names import Slice, conversion_plan
+from ministream.output_dir import check_replaceable, make_world_readable, replace_dir
 from ministream.raw_layouts import Layout, explain_prefixes
 from ministream.train_config import TrainConfig
 
@@ -215,8 +216,7 @@ def convert(
     if max_bytes <= 0:
         raise ValueError("--max-shard-size must be positive")
     output = Path(output)
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} already exists; pass --force to replace it")
+    check_replaceable(output, force)
 
     cfg = TrainConfig.load(train_config)
     opened = open_raw_checkpoint(checkpoint, layout)
@@ -296,7 +296,7 @@ def convert(
         )
         (tmp / MANIFEST_NAME).write_text(manifest.to_json())
         make_world_readable(tmp)
-        _replace_dir(tmp, output)
+        replace_dir(tmp, output, force=force)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if is_enospc(exc):
@@ -307,21 +307,3 @@ def convert(
             ) from exc
         raise
     return ConvertResult(output, manifest, len(produced), len(writer.files))
-
-
-def make_world_readable(root: Path) -> None:
-    """mkdtemp makes 0700 dirs (and safetensors 0600 files); serving runs as another user."""
-    root.chmod(0o755)
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move `new` to `target`; an existing target is swapped out, then removed."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from ministream.convert import make_world_readable
 from ministream.names import raw_shapes
+from ministream.output_dir import make_world_readable
 from ministream.presets import PRESETS
 from ministream.train_config import TrainConfig
 

@@ -33,10 +33,12 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ministream.convert import DTYPES, _replace_dir, make_world_readable
+from ministream.checkpoint import load_torch_file
+from ministream.convert import DTYPES
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
 from ministream.names import DEFAULT_MAX_LORA_RANK, LORA_TARGETS, LoraTarget, lora_targets
+from ministream.output_dir import check_replaceable, make_world_readable, replace_dir
 from ministream.train_config import TrainConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -78,12 +80,11 @@ def read_base(model_dir: str | Path) -> tuple[TrainConfig, str]:
 def _load_adapter(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"adapter not found: {path}")
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle errors of every kind: the file is not a plain adapter
-        raise CheckpointError(
-            f"{path}: not a LoRA adapter that loads with torch.load(weights_only=True) ({exc})"
-        ) from None
+    raw = load_torch_file(
+        path,
+        what="LoRA adapter",
+        expected="--adapter takes the adapter.pt the training framework saved with torch.save",
+    )
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a dict with lora_config and lora, got {type(raw)}")
     return raw
@@ -133,17 +134,21 @@ def _config_problems(raw: dict[str, Any], max_rank: int) -> tuple[list[str], int
 
 def _tensor_problems(
     lora: dict[str, Any], cfg: TrainConfig, r: int, targets: list[str]
-) -> tuple[list[str], dict[tuple[int, str], dict[str, torch.Tensor]]]:
-    """Every tensor of `lora` checked; returns (problems, {(layer, target): {A, B}})."""
+) -> tuple[list[str], dict[tuple[int, str], dict[str, torch.Tensor]], list[str]]:
+    """Every tensor of `lora` checked, each named once; returns (problems, {(layer, target):
+    {A, B}}, the keys whose layer or feature sizes are another model's)."""
     problems: list[str] = []
+    other_base: list[str] = []
     known = lora_targets(cfg)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    named: set[tuple[int, str, str]] = set()  # every (layer, target, half) the adapter holds
     for key, tensor in sorted(lora.items()):
         match = _KEY.match(key) if isinstance(key, str) else None
         if match is None:
             problems.append(f"{key!r}: not a name blocks.{{i}}.{{target}}.lora_A|lora_B")
             continue
         layer, target, half = int(match[1]), match[2], match[3]
+        named.add((layer, target, half))
         if target not in LORA_TARGETS:
             problems.append(f"{key}: unknown target {target!r}")
             continue
@@ -152,6 +157,7 @@ def _tensor_problems(
             continue
         if layer >= cfg.n_layers:
             problems.append(f"{key}: layer {layer} does not exist (the base has {cfg.n_layers})")
+            other_base.append(key)
             continue
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             problems.append(f"{key}: not a floating-point tensor ({type(tensor).__name__})")
@@ -160,6 +166,9 @@ def _tensor_problems(
         want = (r, in_features) if half == "lora_A" else (out_features, r)
         if tuple(tensor.shape) != want:
             problems.append(f"{key}: shape {list(tensor.shape)}, expected {list(want)}")
+            feature = 1 if half == "lora_A" else 0  # the dimension the base model fixes
+            if tensor.dim() != 2 or tensor.shape[feature] != want[feature]:
+                other_base.append(key)
             continue
         values = tensor.float()
         if not torch.isfinite(values).all():
@@ -173,11 +182,12 @@ def _tensor_problems(
         pairs.setdefault((layer, target), {})[half] = tensor
     for (layer, target), halves in sorted(pairs.items()):
         for half in ("lora_A", "lora_B"):
-            if half not in halves:
+            # A half the adapter holds but that was refused above is named there, once.
+            if half not in halves and (layer, target, half) not in named:
                 problems.append(f"blocks.{layer}.{target}.{half}: missing (its pair is present)")
     if not lora:
         problems.append("the adapter holds no LoRA tensors")
-    return problems, pairs
+    return problems, pairs, other_base
 
 
 def check_adapter(
@@ -196,7 +206,18 @@ def check_adapter(
     if not isinstance(lora, dict):
         problems.append("lora is missing or not a dict of tensors")
         lora = {}
-    tensor_problems, pairs = _tensor_problems(lora, cfg, r, targets) if r else ([], {})
+    tensor_problems, pairs, other_base = (
+        _tensor_problems(lora, cfg, r, targets) if r else ([], {}, [])
+    )
+    if other_base and (wanted_hash is None or wanted_hash == base_hash):
+        # Said first: it explains the shape problems that follow.
+        problems.insert(
+            0,
+            f"the adapter was made for another base model: {len(other_base)} of its tensors "
+            f"have the layers or sizes of a different model than --base (model "
+            f"{base_hash[:16]}, {cfg.n_layers} layers, d_model {cfg.d_model}), e.g. "
+            f"{other_base[0]}; convert it against the base it was trained on",
+        )
     problems += tensor_problems
     if problems:
         raise CheckpointError(
@@ -236,8 +257,7 @@ def convert_lora(
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     adapter, output = Path(adapter), Path(output)
-    if output.exists() and not force:
-        raise FileExistsError(f"{output} already exists; pass --force to replace it")
+    check_replaceable(output, force)
     cfg, base_hash = read_base(base)
     raw = _load_adapter(adapter)
     r, alpha, targets, pairs = check_adapter(raw, cfg, base_hash, max_rank)
@@ -300,7 +320,7 @@ def convert_lora(
             (tmp / MANIFEST_NAME).write_text(manifest.to_json())
             bar.update()
         make_world_readable(tmp)
-        _replace_dir(tmp, output)
+        replace_dir(tmp, output, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

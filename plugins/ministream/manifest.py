@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,15 @@ from ministream.member_names import outside_names
 MANIFEST_NAME = "ministream_manifest.json"
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+def sha256_file(
+    path: str | Path, chunk: int = 1 << 22, on_bytes: Callable[[int], object] | None = None
+) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
             digest.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
     return digest.hexdigest()
 
 
@@ -132,24 +137,36 @@ class Manifest:
         return cls.parse(path.read_text(), str(path))
 
 
-def verify_dir(model_dir: str | Path) -> Manifest:
-    """Check every file listed in the manifest (size and sha256); name each problem."""
+def verify_dir(model_dir: str | Path, *, progress: bool = False) -> Manifest:
+    """Check every file listed in the manifest (size and sha256); name each problem.
+    `progress` shows a bar over the bytes hashed (a large model takes minutes)."""
     model_dir = Path(model_dir)
+    if not model_dir.exists():
+        raise CheckpointError(
+            f"{model_dir} does not exist: pass a directory written by `ministream convert` "
+            "(or convert-lora, or shard)"
+        )
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir} is a file, not a directory written by ministream")
     manifest = Manifest.load(model_dir)
     problems = []
     root = model_dir.resolve()
-    for name, meta in sorted(manifest.files.items()):
-        path = model_dir / name
-        if not path.resolve().is_relative_to(root):
-            # A link out of the directory: verify would hash, and upload send, a file from
-            # elsewhere on this machine (an adapter directory handed in by someone else).
-            problems.append(f"{name}: a link to {path.resolve()}, outside the directory")
-        elif not path.is_file():
-            problems.append(f"{name}: missing")
-        elif path.stat().st_size != meta["size"]:
-            problems.append(f"{name}: size {path.stat().st_size} != {meta['size']}")
-        elif sha256_file(path) != meta["sha256"]:
-            problems.append(f"{name}: sha256 mismatch")
+    total = sum(int(meta.get("size") or 0) for meta in manifest.files.values())
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+        for name, meta in sorted(manifest.files.items()):
+            path = model_dir / name
+            if not path.resolve().is_relative_to(root):
+                # A link out of the directory: verify would hash, and upload send, a file from
+                # elsewhere on this machine (an adapter directory handed in by someone else).
+                problems.append(f"{name}: a link to {path.resolve()}, outside the directory")
+            elif not path.is_file():
+                problems.append(f"{name}: missing")
+            elif path.stat().st_size != meta["size"]:
+                problems.append(f"{name}: size {path.stat().st_size} != {meta['size']}")
+            elif sha256_file(path, on_bytes=bar.update) != meta["sha256"]:
+                problems.append(f"{name}: sha256 mismatch")
     stray = sorted(
         p.relative_to(model_dir).as_posix()
         for p in model_dir.rglob("*.safetensors")

@@ -129,6 +129,17 @@ def hf_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
 LORA_TARGETS: tuple[str, ...] = ("attn.Wqkv", "attn.out_proj", "mlp.w12", "mlp.w3")
 # The highest adapter rank `convert-lora` and `fetch-adapters` accept unless told otherwise.
 DEFAULT_MAX_LORA_RANK = 64
+# The values vLLM's --max-lora-rank takes (vllm/config/lora.py, MaxLoRARanks; a test holds
+# the two equal): an adapter of rank r is served with the smallest of them >= r.
+VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def serving_max_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that serves an adapter of `rank`."""
+    fits = [r for r in VLLM_MAX_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"rank {rank} is above vLLM's largest --max-lora-rank, {fits}")
+    return fits[0]
 
 
 @dataclass(frozen=True)

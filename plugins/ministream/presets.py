@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ministream.train_config import TrainConfig
@@ -71,3 +72,11 @@ PRESETS: dict[str, TrainConfig] = {
 }
 
 PRESET_NAMES = tuple(PRESETS)
+
+
+def checkpoint_bytes(name: str) -> int:
+    """Bytes of the tensors of `ministream demo --preset NAME`'s model.pt (float32, as written;
+    the file adds a few kB of pickle around them)."""
+    from ministream.names import raw_shapes
+
+    return 4 * sum(math.prod(shape) for shape in raw_shapes(PRESETS[name]).values())

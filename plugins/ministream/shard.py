@@ -30,6 +30,7 @@ from typing import Any
 
 from ministream.errors import CheckpointError, ShardError, StorageError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest, converter_version, sha256_file, verify_dir
+from ministream.output_dir import check_replaceable, make_world_readable, refusal, replace_dir
 from ministream.s3 import is_s3
 from ministream.shardset import SHARDS_META_NAME, Layout, ShardSetInfo
 from ministream.versions import vllm_version
@@ -52,6 +53,28 @@ def _copied(name: str) -> bool:
 
 
 # ---- source -----------------------------------------------------------------------------
+
+
+def check_heads_divide(model: str, tensor_parallel_size: int) -> None:
+    """Refuse, before any rank starts, a tensor-parallel size that does not divide the
+    model's attention heads (vLLM would fail in every rank after loading started)."""
+    if is_s3(model):
+        from ministream.s3 import make_client, parse_url, read_text
+
+        text = read_text(make_client(), parse_url(model), "config.json")
+    else:
+        path = Path(model) / "config.json"
+        text = path.read_text() if path.is_file() else None
+    if text is None:
+        return  # the manifest check that follows names what is missing
+    heads = int(json.loads(text).get("num_attention_heads") or 0)
+    if heads and heads % tensor_parallel_size:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ShardError(
+            f"--tensor-parallel-size {tensor_parallel_size} does not divide the model's {heads} "
+            f"attention heads: each rank serves whole heads. Pick one of "
+            f"{', '.join(map(str, fits))}."
+        )
 
 
 def _source_manifest(model: str) -> Manifest:
@@ -95,6 +118,7 @@ def _existing(output: str) -> ShardSetInfo | None:
             return None
         text = read_text(client, url, SHARDS_META_NAME)
         if text is None or read_text(client, url, MANIFEST_NAME) is None:
+            _check_remote_replaceable(output)
             raise ShardError(
                 f"{output} is not empty and holds no complete shard set; pass "
                 "--force to replace it, or choose another --output"
@@ -112,9 +136,13 @@ def _existing(output: str) -> ShardSetInfo | None:
         return None
     local = ShardSetInfo.load(path) if path.is_dir() else None
     if local is None:
+        try:
+            check_replaceable(path, force=True)
+        except FileExistsError as exc:
+            raise ShardError(str(exc)) from None
         raise ShardError(
-            f"{output} exists and is not a shard set; pass --force to replace "
-            "it, or choose another --output"
+            f"{output} holds a MiniStream model or adapter, not a shard set; pass --force "
+            "to replace it, or choose another --output"
         )
     try:
         verify_dir(path)
@@ -123,6 +151,28 @@ def _existing(output: str) -> ShardSetInfo | None:
             f"{output} holds a damaged shard set ({exc}); pass --force to replace it"
         ) from None
     return local
+
+
+def _check_remote_replaceable(output: str) -> None:
+    """`--force` on S3 replaces a prefix only when it is empty or holds one of our sets
+    (its manifest, or the shard metadata an interrupted upload leaves before the manifest)."""
+    from ministream.s3 import list_objects, make_client, parse_url
+
+    names = list_objects(make_client(), parse_url(output))
+    if names and MANIFEST_NAME not in names and SHARDS_META_NAME not in names:
+        tops = {n.split("/", 1)[0] + ("/" if "/" in n else "") for n in names}
+        raise ShardError(refusal(output, tops))
+
+
+def _check_force(output: str) -> None:
+    """What `--force` may replace (output_dir.py), checked before any rank starts."""
+    if is_s3(output):
+        _check_remote_replaceable(output)
+        return
+    try:
+        check_replaceable(Path(output), force=True)
+    except FileExistsError as exc:
+        raise ShardError(str(exc)) from None
 
 
 def _verify_remote_shard_set(output: str, info: ShardSetInfo) -> None:
@@ -244,9 +294,12 @@ def shard(
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ShardError("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")
     layout = Layout(tensor_parallel_size, pipeline_parallel_size)
+    check_heads_divide(model, tensor_parallel_size)
     manifest = _source_manifest(model)
     # The model's own dtype by default: vLLM's "auto" would turn float32 into bfloat16.
     dtype = dtype or manifest.dtype
+    if force:
+        _check_force(output)
     existing = None if force else _existing(output)
     if existing is not None:
         wanted = (layout, manifest.model_hash, dtype)
@@ -318,15 +371,13 @@ def shard(
             dtype=info.dtype,
         )
         (staging / MANIFEST_NAME).write_text(shard_manifest.to_json())
-        from ministream.convert import _replace_dir, make_world_readable
-
         make_world_readable(staging)
         if is_s3(output):
             from ministream.upload import upload
 
             upload(staging, output, delete_stray=force, progress=progress)
         else:
-            _replace_dir(staging, Path(output))
+            replace_dir(staging, Path(output), force=force)
         succeeded = True
     except BaseException as exc:
         if is_enospc(exc):

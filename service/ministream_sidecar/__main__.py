@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from .logs import configure_logging
 
     settings = SidecarSettings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, access_log_probes=settings.access_log_probes)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ministream.startup_log import process_start_time
 
 from . import __version__
+from .access_log import SlowProbeLog
 from .api import build_router
 from .api.errors import install_error_handlers
 from .context import SidecarContext
@@ -110,6 +111,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=app_settings.max_request_body_bytes)
+    if not app_settings.access_log_probes:
+        app.add_middleware(SlowProbeLog, slow_seconds=app_settings.slow_probe_seconds)
     app.include_router(
         build_router(
             guarded=app_settings.token is not None,

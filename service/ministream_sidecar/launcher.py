@@ -1,7 +1,7 @@
 """`ministream up`: vLLM and the sidecar together on one machine.
 
     ministream up --model DIR [--port 8000] [--sidecar-port 8081] [--host 127.0.0.1]
-                  [-- EXTRA_VLLM_ARGS...]
+                  [--from-hub] [--access-log-probes] [-- EXTRA_VLLM_ARGS...]
 
 Starts `python -m vllm.entrypoints.openai.api_server` (the CPU build's `vllm` console script is
 broken, docs/architecture.md §3) and `python -m ministream_sidecar`, each in its own session so that
@@ -12,6 +12,14 @@ the client the chart's preStop hook runs, then sends SIGTERM to vLLM (which got
 vLLM or the sidecar dies on its own, the other is stopped and the exit status is non-zero; when
 vLLM is the one that exited, the last line is vLLM's own reason (from the tail of its output, which
 still reaches the terminal live).
+
+`--model` is a local directory or an s3:// URI; anything else is refused before anything
+starts, and vLLM runs with `HF_HUB_OFFLINE=1`, so a mistyped path never becomes a Hugging
+Face hub id that downloads and serves someone else's model. `--from-hub` asks for the hub.
+
+vLLM's `/health` (polled by the sidecar) and `/metrics` are left out of its access log, and
+the sidecar's probes that went well out of its own (`access_log.py`) unless
+`--access-log-probes`.
 
 On vLLM's CPU build the KV cache is sized to fit this machine (`cpu_memory`) unless the user
 sized it: vLLM's own default reserves 92 % of the memory and refuses to start when that much
@@ -39,7 +47,7 @@ from ministream import startup_log
 
 from . import client, cpu_memory
 from .client import ENV_PREFIX
-from .engine_client import LOAD_TRACKING_FLAG
+from .engine_client import LOAD_PATH, LOAD_TRACKING_FLAG
 from .output_tail import exit_reason
 from .processes import Child
 from .serve_vllm import VLLM_SERVER
@@ -51,6 +59,10 @@ _SIDECAR_STOP_SECONDS = 10.0
 _VLLM_STOP_MARGIN_SECONDS = 15.0  # beyond --shutdown-timeout, for vLLM's own teardown
 _VLLM_TAIL_LINES = 200  # a refusal's traceback and the worker's error lines above it
 _TAIL_DRAIN_SECONDS = 5.0  # for the last lines still in the pipes after vLLM exited
+# vLLM's paths that the sidecar's health loop and drain and Prometheus ask for: left out of
+# vLLM's access log (the chart renders the same list; a chart test holds the two equal).
+VLLM_QUIET_PATHS = ("/health", "/metrics", LOAD_PATH)
+QUIET_FLAG = "--disable-access-log-for-endpoints"
 
 
 class _ForceStop(Exception):
@@ -64,6 +76,8 @@ class UpArgs:
     sidecar_port: int
     host: str
     vllm_args: list[str]
+    from_hub: bool = False
+    access_log_probes: bool = False
 
 
 def parse_args(argv: list[str]) -> UpArgs:
@@ -85,33 +99,87 @@ def parse_args(argv: list[str]) -> UpArgs:
     parser.add_argument("--port", type=int, default=8000, help="vLLM OpenAI API port")
     parser.add_argument("--sidecar-port", type=int, default=8081, help="sidecar port")
     parser.add_argument("--host", default="127.0.0.1", help="bind address of both servers")
+    parser.add_argument(
+        "--from-hub",
+        action="store_true",
+        help="let vLLM take a --model that is not a local directory as a Hugging Face hub id "
+        "and download it (without it, vLLM runs offline: HF_HUB_OFFLINE=1)",
+    )
+    parser.add_argument(
+        "--access-log-probes",
+        action="store_true",
+        help="access-log every health check, probe and metrics scrape (vLLM's /health and "
+        "/metrics, the sidecar's /livez, /readyz and /metrics); without it only failed and "
+        "slow ones are",
+    )
     ns = parser.parse_args(own)
     if ns.port == ns.sidecar_port:
         parser.error("--port and --sidecar-port must differ")
-    if problem := local_model_problem(ns.model):
+    if problem := local_model_problem(ns.model, from_hub=ns.from_hub):
         parser.error(problem)
-    return UpArgs(ns.model, ns.port, ns.sidecar_port, ns.host, extra)
+    if problem := tensor_parallel_problem(ns.model, extra):
+        parser.error(problem)
+    return UpArgs(
+        ns.model, ns.port, ns.sidecar_port, ns.host, extra, ns.from_hub, ns.access_log_probes
+    )
 
 
-def local_model_problem(model: str) -> str | None:
-    """Why `model`, a local path, cannot be served (checked before anything starts);
-    None for a servable directory, an s3:// URI or a hub id (vLLM resolves those)."""
+def local_model_problem(model: str, *, from_hub: bool = False) -> str | None:
+    """Why `model` cannot be served (checked before anything starts); None for a servable
+    directory, an s3:// URI, or (only with `from_hub`) a hub id that vLLM resolves."""
     if "://" in model:
         return None
     path = Path(model).expanduser()
     if not path.exists():
-        if model.startswith(("/", ".", "~")) or model.count("/") > 1:
-            return (
-                f"--model {model}: no such directory; pass a directory written by "
-                "`ministream convert` (or an s3:// URI)"
-            )
-        return None  # a hub id such as org/name
+        if from_hub:
+            return None
+        return (
+            f"--model {model}: no such directory; pass a directory written by "
+            "`ministream convert` (or an s3:// URI). To serve a Hugging Face hub model "
+            "instead, add --from-hub."
+        )
     if not (path / "config.json").is_file():
         return (
             f"--model {model}: no config.json there; pass a directory written by "
             "`ministream convert`, not the raw training checkpoint"
         )
     return None
+
+
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The value of the last of `names` in `args` (`--flag V` or `--flag=V`)."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return found
+
+
+def tensor_parallel_problem(model: str, vllm_args: list[str]) -> str | None:
+    """A tensor-parallel size (after `--`) that does not divide the local model's attention
+    heads, refused before vLLM starts (it would fail in every rank, after loading began)."""
+    tp_text = _flag_value(vllm_args, "--tensor-parallel-size", "-tp")
+    config = Path(model).expanduser() / "config.json"
+    if tp_text is None or not tp_text.isdigit() or "://" in model or not config.is_file():
+        return None
+    import json
+
+    heads = int(json.loads(config.read_text()).get("num_attention_heads") or 0)
+    tp = int(tp_text)
+    if tp and heads and heads % tp:
+        fits = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        return (
+            f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads: "
+            f"each rank serves whole heads. Pick one of {fits}."
+        )
+    return None
+
+
+def hub_env(args: UpArgs) -> dict[str, str]:
+    """vLLM's environment entries that keep it off the hub unless `--from-hub` asked for it
+    (applied with setdefault: an HF_HUB_OFFLINE of the user's own wins)."""
+    return {} if args.from_hub else {"HF_HUB_OFFLINE": "1"}
 
 
 def vllm_command(args: UpArgs) -> list[str]:
@@ -133,6 +201,10 @@ def vllm_command(args: UpArgs) -> list[str]:
     # The drain waits for vLLM's own count of the requests its HTTP server holds (GET /load).
     if LOAD_TRACKING_FLAG not in args.vllm_args:
         cmd.append(LOAD_TRACKING_FLAG)
+    if not args.access_log_probes and not any(
+        a == QUIET_FLAG or a.startswith(f"{QUIET_FLAG}=") for a in args.vllm_args
+    ):
+        cmd += [QUIET_FLAG, ",".join(VLLM_QUIET_PATHS)]
     return cmd + args.vllm_args
 
 
@@ -197,6 +269,8 @@ class Launcher:
         env.setdefault(f"{ENV_PREFIX}PROCESS_START_TIME", repr(time.time()))
         # vLLM (through the plugin) stamps its start there; the sidecar splits it in phases.
         env.setdefault(startup_log.ENV, str(self.scratch / "vllm-startup.log"))
+        for key, value in hub_env(self.args).items():
+            env.setdefault(key, value)
         try:  # fail on a bad MINISTREAM_SIDECAR_* before starting anything
             settings = SidecarSettings()
         except ValidationError as exc:
@@ -216,6 +290,8 @@ class Launcher:
             f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
             f"{ENV_PREFIX}VLLM_URL": self.api_url,
         }
+        if self.args.access_log_probes:
+            sidecar_env[f"{ENV_PREFIX}ACCESS_LOG_PROBES"] = "true"
         self.sidecar = Child("sidecar", [sys.executable, "-m", "ministream_sidecar"], sidecar_env)
         _say(f"sidecar pid {self.sidecar.start().pid}")
         _say(

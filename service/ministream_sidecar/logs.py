@@ -8,6 +8,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from .access_log import QuietProbes
+
 # Attributes every LogRecord has; anything else was passed through `extra=` and is a field.
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
@@ -42,10 +44,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-def configure_logging(level: str) -> None:
-    """Send the root logger (and uvicorn's, which propagate) to stderr as JSON lines."""
+def configure_logging(level: str, *, access_log_probes: bool = False) -> None:
+    """Send the root logger (and uvicorn's, which propagate) to stderr as JSON lines; probes
+    and scrapes that went well are left out unless `access_log_probes` (access_log.py)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    if not access_log_probes:
+        handler.addFilter(QuietProbes())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -46,6 +46,18 @@ class SidecarSettings(BaseSettings):
         description="Largest request body accepted (413 above it); no endpoint needs one.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    access_log_probes: bool = Field(
+        default=False,
+        description="Access-log every GET /livez, /readyz and /metrics (the kubelet's probes, "
+        "Prometheus). Off: only those that fail (status >= 400) or take longer than "
+        "slow_probe_seconds are logged.",
+    )
+    slow_probe_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="A probe or scrape answered later than this is logged as a warning "
+        "while access_log_probes is off.",
+    )
 
     # --- the vLLM server next to us --------------------------------------------------------
     vllm_url: str = Field(default="http://127.0.0.1:8000", description="Base URL of `vllm serve`.")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chartkit import CHART, ROOT, HelmError, render
+from chartkit import CHART, ROOT, HelmError, render, run_helm
 
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 S3: dict[str, Any] = {
@@ -51,15 +51,15 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
     # names both, helm 3 the branch it matched best).
     "sharded-without-tp": (
         {"tensorParallelSize": None, "loading": {"mode": "shardedState"}},
-        ["tensor"],
+        ["set parallelism.tensor: the sharded loading modes"],
     ),
     "s3-sharded-without-tp": (
         {"tensorParallelSize": None, "loading": {**S3["loading"], "mode": "runaiStreamerSharded"}},
-        ["tensor"],
+        ["set parallelism.tensor"],
     ),
     "s3-without-bucket": (
         {"loading": {"mode": "runaiStreamer", "s3": {"credentials": {"existingSecret": "s3"}}}},
-        ["bucket"],
+        ["set loading.s3.bucket"],
     ),
     "unknown-loading-mode": ({"loading": {"mode": "nfs"}}, ["mode"]),
     "unknown-rollout-mode": ({"rollout": {"mode": "blueGreen"}}, ["mode"]),
@@ -196,18 +196,35 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["sidecar.drainMinSeconds (90) must not exceed"],
     ),
     "zero-drain-timeout": ({"sidecar": {"drainTimeoutSeconds": 0}}, ["drainTimeoutSeconds"]),
-    "api-key-without-secret": ({"apiKey": {"existingSecret": ""}}, ["apiKey", "existingSecret"]),
+    # Values without a default and flags the chart sets: the message names what to set (helm
+    # prints no schema description, so each rule's text is the name of a required property).
+    "api-key-without-secret": (
+        {"apiKey": {"existingSecret": ""}},
+        ["set apiKey.existingSecret: the name of the Secret holding the API key"],
+    ),
     "local-without-volume": (
         {"loading": {"local": {"existingClaim": ""}}},
-        ["loading", "existingClaim"],
+        ["set loading.local.existingClaim", "or loading.local.hostPath"],
     ),
     "managed-flag-in-extra-args": (
         {"vllm": {"extraArgs": ["--tensor-parallel-size=2"]}},
-        ["vllm", "extraArgs"],
+        ["remove --tensor-parallel-size / -tp from vllm.extraArgs and set parallelism.tensor"],
+    ),
+    "managed-short-flag-in-extra-args": (
+        {"vllm": {"extraArgs": ["-tp", "2"]}},
+        ["and set parallelism.tensor instead"],
     ),
     "managed-load-format-in-extra-args": (
         {"vllm": {"extraArgs": ["--load-format", "dummy"]}},
-        ["vllm", "extraArgs"],
+        ["remove --load-format from vllm.extraArgs and set loading.mode instead"],
+    ),
+    "managed-port-in-extra-args": (
+        {"vllm": {"extraArgs": ["--port=9000"]}},
+        ["remove --host / --port from vllm.extraArgs", "0.0.0.0:8000"],
+    ),
+    "tp-not-dividing-the-heads": (
+        {"tensorParallelSize": None, "parallelism": {"tensor": 3}, "model": {"attentionHeads": 16}},
+        ["parallelism.tensor=3 does not divide model.attentionHeads=16", "one of 1, 2, 4, 8, 16"],
     ),
     "gpu-limit-set-by-hand": (
         {"vllm": {"resources": {"limits": {"nvidia.com/gpu": 2}}}},
@@ -243,8 +260,19 @@ def test_bad_values_are_refused(
         assert word in message, message
 
 
+@pytest.mark.parametrize("major", [4, 3], ids=["helm4", "helm3"])
+def test_first_lint_names_the_values_to_set(major: int) -> None:
+    """The bare chart, as a newcomer lints it first: both values without a default named,
+    with what they are, in helm's own output."""
+    proc = run_helm(["lint", str(CHART)], major)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "set apiKey.existingSecret: the name of the Secret holding the API key" in out, out
+    assert "set loading.local.existingClaim (the PersistentVolumeClaim holding the model)" in out
+
+
 def test_extra_args_that_the_chart_does_not_manage_pass(tmp_path: Path) -> None:
-    """The schema's managed-flag pattern matches whole flags only."""
+    """The schema's managed-flag patterns match whole flags only."""
     args = ["--model-impl", "vllm", "--port-range=1", "--enable-prefix-caching", "-tpx"]
     out = render(BASE, _write(tmp_path, {"vllm": {"extraArgs": args}}))
     container = out.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -260,6 +288,7 @@ def test_good_overrides_render(tmp_path: Path) -> None:
             {
                 "terminationGracePeriodSeconds": 105,
                 "vllm": {"extraArgs": ["--enable-prefix-caching"]},
+                "model": {"attentionHeads": 16},  # TP 1 divides it
             },
         ),
     )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -215,6 +217,33 @@ def test_pickle_needing_code_is_refused(models: ModelFactory, tmp_path: Path) ->
         {"model": state, "hook": _Evil()}, raw / "model.pt", pickle_protocol=pickle.DEFAULT_PROTOCOL
     )
     _assert_fails_clean(raw, tmp_path / "out", "needs arbitrary code to unpickle")
+
+
+def _zip_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [os.urandom(4096), b"hello, I am a text file\n", _zip_of({"notes.txt": b"not a model"})],
+    ids=["random-bytes", "text", "other-zip"],
+)
+def test_a_file_that_is_not_a_torch_checkpoint_says_so(
+    models: ModelFactory, tmp_path: Path, content: bytes
+) -> None:
+    raw = _mutated_checkpoint(models, tmp_path, lambda s, d: None)
+    # A first byte of 0x80 would read as a pickle: keep the random case what it means to be.
+    (raw / "model.pt").write_bytes(content if content[:1] != b"\x80" else b"x" + content)
+    with pytest.raises(CheckpointError) as err:
+        convert(raw / "model.pt", raw / "train_config.json", raw / "tokenizer", tmp_path / "o")
+    message = str(err.value)
+    assert "model.pt is not a torch checkpoint: torch.save writes a zip archive" in message
+    assert "--checkpoint takes a torch.save file" in message
+    assert "arbitrary code" not in message and "weights_only=False" not in message
 
 
 def test_existing_output_is_kept_without_force(models: ModelFactory, tmp_path: Path) -> None:

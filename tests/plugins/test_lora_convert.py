@@ -88,6 +88,50 @@ def test_manifest_ties_the_adapter_to_its_base(base: Path, tmp_path: Path) -> No
         convert_lora(src, base, tmp_path / "out", progress=False)
 
 
+def test_an_adapter_for_another_base_names_each_tensor_once_and_says_so(
+    base: Path, tmp_path: Path
+) -> None:
+    from ministream.presets import PRESETS
+
+    other = PRESETS["tiny-headdim"]  # head_dim 64 where the base has 32: Wqkv and out_proj differ
+    adapter = random_adapter(other, rank=2, targets=["attn.Wqkv", "attn.out_proj"])
+    with pytest.raises(CheckpointError) as err:
+        convert_lora(_save(adapter, tmp_path / "a.pt"), base, tmp_path / "out", progress=False)
+    message = str(err.value)
+    assert "the adapter was made for another base model" in message
+    bad = [
+        f"blocks.{i}.{t}" for i in range(2) for t in ("attn.Wqkv.lora_B", "attn.out_proj.lora_A")
+    ]
+    for key in bad:
+        assert message.count(f"{key}: shape") == 1, message
+    assert "missing (its pair is present)" not in message
+    assert message.startswith("refusing the adapter (5 problem(s)): the adapter was made for")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_an_adapter_that_is_not_a_torch_file_says_so_in_our_words(
+    base: Path, tmp_path: Path
+) -> None:
+    garbage = tmp_path / "adapter.pt"
+    garbage.write_bytes(b"x" + os.urandom(4096))
+    with pytest.raises(CheckpointError) as err:
+        convert_lora(garbage, base, tmp_path / "out", progress=False)
+    message = str(err.value)
+    assert "adapter.pt is not a LoRA adapter: torch.save writes a zip archive" in message
+    assert "--adapter takes the adapter.pt" in message
+    # None of torch's own advice: it would tell the user to unpickle with arbitrary code.
+    for torch_text in ("weights_only=False", "file an issue", "Weights only load failed"):
+        assert torch_text not in message
+    evil = _save({"lora_config": {"r": 1}, "hook": _Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="needs arbitrary code to unpickle") as err:
+        convert_lora(evil, base, tmp_path / "out", progress=False)
+    assert "posix.system" in str(err.value) and "weights_only=False" not in str(err.value)
+
+
 def test_cli_demo_lora_then_convert_lora(base: Path, tmp_path: Path) -> None:
     adapter = tmp_path / "a.pt"
     assert cli_main(["demo-lora", "--base", str(base), "--output", str(adapter), "--rank", "2",

@@ -25,7 +25,12 @@ from sidecarkit import sample
 
 from ministream_sidecar import cpu_memory
 from ministream_sidecar.cpu_memory import GiB
-from ministream_sidecar.launcher import DEFAULT_SHUTDOWN_TIMEOUT, parse_args, vllm_command
+from ministream_sidecar.launcher import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    hub_env,
+    parse_args,
+    vllm_command,
+)
 from ministream_sidecar.metrics import ColdStartPhase
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
@@ -67,6 +72,56 @@ def test_ministream_up_refuses_a_missing_or_raw_model_before_starting_anything(
         )
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "ministream convert" in proc.stderr
+
+
+@pytest.mark.parametrize("model", ["conv2", "models/ministream", "org/name"])
+def test_up_never_takes_a_missing_path_for_a_hub_id(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths with at most one slash, absent here
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model])
+    err = capsys.readouterr().err
+    assert f"--model {model}: no such directory" in err and "--from-hub" in err
+
+
+def test_up_runs_vllm_offline_unless_asked_for_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conv").mkdir()
+    (tmp_path / "conv" / "config.json").write_text("{}")
+    assert hub_env(parse_args(["--model", "conv"])) == {"HF_HUB_OFFLINE": "1"}
+    args = parse_args(["--model", "org/name", "--from-hub"])
+    assert args.model == "org/name" and hub_env(args) == {}
+    assert vllm_command(args)[vllm_command(args).index("--model") + 1] == "org/name"
+
+
+def test_up_refuses_a_tp_that_does_not_divide_the_heads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 12}')
+    for tp in (["--tensor-parallel-size", "5"], ["-tp=5"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", str(tmp_path), "--", *tp])
+        err = capsys.readouterr().err
+        assert "--tensor-parallel-size 5 does not divide the model's 12 attention heads" in err
+        assert "Pick one of 1, 2, 3, 4, 6, 12." in err
+    assert parse_args(["--model", str(tmp_path), "--", "-tp", "4"]).vllm_args == ["-tp", "4"]
+
+
+def test_up_keeps_vllms_health_and_metrics_out_of_its_access_log(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    m = str(tmp_path)
+    quiet = vllm_command(parse_args(["--model", m]))
+    quieted = quiet[quiet.index("--disable-access-log-for-endpoints") + 1]
+    assert quieted == "/health,/metrics,/load"  # the health loop, Prometheus, the drain
+    loud = vllm_command(parse_args(["--model", m, "--access-log-probes"]))
+    assert "--disable-access-log-for-endpoints" not in loud
+    own = vllm_command(parse_args(["--model", m, "--", "--disable-access-log-for-endpoints=/x"]))
+    assert [a for a in own if "disable-access-log" in a] == [
+        "--disable-access-log-for-endpoints=/x"
+    ]
 
 
 def launch(

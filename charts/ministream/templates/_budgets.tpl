@@ -74,6 +74,16 @@ before going from one pod to zero) is the same window.
 {{- if gt (float64 $v.sidecar.drainMinSeconds) (float64 $v.sidecar.drainTimeoutSeconds) -}}
 {{- fail (printf "sidecar.drainMinSeconds (%v) must not exceed sidecar.drainTimeoutSeconds (%v): the minimum wait is part of the drain timeout" $v.sidecar.drainMinSeconds $v.sidecar.drainTimeoutSeconds) -}}
 {{- end -}}
+{{- with $v.model.attentionHeads -}}
+{{- $tp := include "ministream.tensorParallelSize" $ | int -}}
+{{- if mod (int .) $tp -}}
+{{- $fits := list -}}
+{{- range $n := untilStep 1 (add (int .) 1 | int) 1 -}}
+{{- if not (mod (int $.Values.model.attentionHeads) $n) }}{{ $fits = append $fits $n }}{{ end -}}
+{{- end -}}
+{{- fail (printf "parallelism.tensor=%d does not divide model.attentionHeads=%d: each rank serves whole heads. Set parallelism.tensor to one of %s." $tp (int .) (join ", " $fits)) -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
 {{- fail (printf "autoscaling.minReplicas (%d) must not exceed autoscaling.maxReplicas (%d)" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
 {{- end -}}

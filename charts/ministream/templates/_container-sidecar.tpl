@@ -54,6 +54,10 @@
     # /warmup and /drain answer loopback peers only unless this is true.
     - name: MINISTREAM_SIDECAR_CONTROL_FROM_NETWORK
       value: {{ .Values.sidecar.control.fromNetwork | quote }}
+    - name: MINISTREAM_SIDECAR_ACCESS_LOG_PROBES
+      value: {{ .Values.accessLog.probes | quote }}
+    - name: MINISTREAM_SIDECAR_SLOW_PROBE_SECONDS
+      value: {{ .Values.accessLog.slowProbeSeconds | quote }}
     - name: MINISTREAM_SIDECAR_WARMUP_REQUESTS
       value: {{ int .Values.sidecar.warmup.requests | quote }}
     - name: MINISTREAM_SIDECAR_WARMUP_CONCURRENCY

@@ -76,6 +76,12 @@
 {{- if include "ministream.loraEnabled" . }}
 {{ include "ministream.loraArgs" . }}
 {{- end }}
+{{- if not .Values.accessLog.probes }}
+# The sidecar's /health poll, its drain's /load polls and Prometheus's scrapes stay out of
+# vLLM's access log.
+- --disable-access-log-for-endpoints
+- "/health,/metrics,/load"
+{{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ toString . | quote }}
 {{- end }}
