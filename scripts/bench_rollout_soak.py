@@ -93,6 +93,10 @@ def run_one(
         ],
         "restart_window": report.get("restart_window"),
         "artifacts": str(kept) if kept else None,
+        # Each run's own provenance: a soak can outlast a commit (--resume).
+        "provenance": {
+            k: report.get("provenance", {}).get(k) for k in ("commit", "dirty", "machine")
+        },
     }
 
 

@@ -63,6 +63,7 @@ def test_runs_every_front_and_mode_and_keeps_what_lost(soak: ModuleType, tmp_pat
     assert soak.main(argv) == 0
     report = json.loads(out.read_text())
     assert "provenance" in report
+    assert set(report["runs"][0]["provenance"]) == {"commit", "dirty", "machine"}
     rows = {(r["front"], r["mode"]): r for r in report["summary"]}
     assert rows["haproxy", "drain"]["rollouts"] == 2 and rows["haproxy", "drain"]["sent"] == 200
     assert rows["router", "no-drain"]["failed"] == 1
