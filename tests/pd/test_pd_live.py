@@ -18,6 +18,7 @@ UCX's own choice on one host, transfers stalled for tens of seconds in two runs 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ class PDFleet:
 def fleet(
     vllm_server: VLLMServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PDFleet]:
+    if importlib.util.find_spec("nixl") is None:
+        pytest.skip("NIXL is not installed: run `make setup-test` (the project's `pd` extra)")
     workdir = tmp_path_factory.mktemp("pd-live")
     engine = chart_pd_engine()
     replicas = {
