@@ -62,7 +62,8 @@ def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
     cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
     for s in sets:
         cmd += ["--set", s]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
+    # Generous: on a loaded 2-core runner one render took over 120 s while engines started.
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
