@@ -11,9 +11,9 @@ vLLM's own NIXL metrics on the decode replica, none failed; the names the dashbo
 KV-transfer alert query are exported. A module of its own: two engines and a router, started
 once and shared by its tests in order.
 
-UCX's transports come from the chart (disaggregation.nixl.ucxTransports, `tcp,self`): with
-UCX's own choice on one host, transfers stalled for tens of seconds in two runs out of three
-(docs/fleet.md, "Prefill/decode disaggregation").
+UCX's transports come from the chart (disaggregation.nixl.ucxTransports, `tcp,self`). What
+made early runs stall here was CPU starvation, not the transport: each replica now gets a core
+of its own (docs/fleet.md, "Prefill/decode disaggregation").
 """
 
 from __future__ import annotations
