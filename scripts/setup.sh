@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's environment at .venv (idempotent).
 #   scripts/setup.sh serve   # the engine (vLLM CPU build), S3 streaming, the sidecar
-#   scripts/setup.sh test    # the above plus Ray (multi-node tests), vllm-router, the test tools, helm/kubectl, Prometheus, HAProxy,
+#   scripts/setup.sh test    # the above plus Ray (multi-node tests), vllm-router, NIXL (P/D tests), the test tools, helm/kubectl, Prometheus, HAProxy,
 #                            # and the OCI tools (buildah, podman) that build and run the images
 #   scripts/setup.sh oci     # the OCI tools only (`make images`; no .venv)
 # Re-installs only when pyproject.toml or this script changed since the last run.
@@ -13,7 +13,7 @@ if [ "$target" = oci ]; then
 fi
 case "$target" in
   serve) extras="cpu,s3,sidecar" ;;
-  test) extras="cpu,s3,sidecar,multinode,router,test" ;;
+  test) extras="cpu,s3,sidecar,multinode,router,pd,test" ;;
   *) echo "usage: scripts/setup.sh serve|test|oci" >&2; exit 2 ;;
 esac
 
@@ -31,6 +31,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The registry's torchvision/torchaudio/torchcodec are built for CUDA torch and break
   # `import transformers` beside the CPU torch (docs/architecture.md §3); vLLM's CPU build needs none.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  if [ "$target" = test ]; then
+    # `import nixl` (what vLLM's NixlConnector imports) is the meta wheel `nixl`, which would also
+    # pull nixl-cu13; the `pd` extra already installed nixl-cu12, the backend it dispatches to.
+    .venv/bin/python -m pip install -q --no-deps "nixl==1.5.1"
+  fi
   echo "$want" > "$stamp"
 fi
 

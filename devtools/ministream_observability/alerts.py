@@ -66,6 +66,8 @@ class AlertParams:
     # Keep it near the chart's progressDeadlineSeconds: the startup budget + 10 min (920 s at
     # the chart's defaults).
     rollout_stall_budget: str = "15m"
+    # Window in which one failed P/D KV transfer fires MiniStreamKVTransfersFailing.
+    kv_transfer_failure_window: str = "10m"
     # How long a configured LoRA adapter may be missing before MiniStreamLoraAdapterNotLoaded.
     lora_not_loaded_for: str = "1m"
     # How long the router's health check may find a replica unhealthy before
@@ -174,6 +176,9 @@ def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
     waiting_trend = agg("sum", per_engine, f"deriv({sel(m.WAITING, t)}[{p.queue_trend_window}])")
     preemptions = agg("sum", per_engine, rate(m.PREEMPTIONS, t, "5m"))
     errors = p.error_ratio_threshold
+    kv_transfer_failures = agg(
+        "sum", per_engine, increase(m.NIXL_FAILED, t, p.kv_transfer_failure_window)
+    )
     adapter_loaded = agg("min", ("namespace", "pod", "adapter"), sel(m.LORA_ADAPTER_LOADED, t))
     drain_timeouts = agg("sum", per_pod, increase(m.DRAINS, t, "30m", eq("outcome", "timeout")))
     # `for:` on the instant gauge, not min_over_time(): a pod that finished draining and went
@@ -316,6 +321,19 @@ def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
             f"{p.preemption_for}: the KV cache is too small for the concurrent load, and "
             "preempted requests are computed again (latency and wasted compute).",
             "Lower max_num_seqs, raise the KV-cache memory, or add replicas.",
+        ),
+        Alert(
+            "MiniStreamKVTransfersFailing",
+            serving,
+            f"{kv_transfer_failures} > 0",
+            "0m",
+            "warning",
+            f"KV-cache transfers fail in decode pod {where}",
+            f'{where} failed {{{{ printf "%.0f" $value }}}} NIXL KV transfers from prefill pods '
+            f"in the last {p.kv_transfer_failure_window}: each such request was failed or "
+            "recomputed on the decode pod (disaggregation.kvLoadFailurePolicy).",
+            "Check that the prefill pods run, that the NetworkPolicy admits NIXL's side channel "
+            "and UCX's ports between the pools, and the decode pod's log (NIXL handshake).",
         ),
         Alert(
             "MiniStreamRequestErrors",

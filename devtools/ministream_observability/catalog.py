@@ -107,6 +107,26 @@ KV_OFFLOAD_LOAD_BYTES = _vllm(
 KV_OFFLOAD_STORE_BYTES = _vllm(
     "vllm:kv_offload_store_bytes_total", C, "Bytes of KV blocks stored to the host tier."
 )
+# Only with prefill/decode disaggregation (disaggregation.enabled): vLLM's NixlConnector
+# (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py). The decode pod, which pulls
+# the KV cache, observes the transfers and their failures; the prefill pod counts the requests
+# whose KV expired before a decode pod fetched it.
+NIXL_XFER_TIME = _vllm(
+    "vllm:nixl_xfer_time_seconds", H, "Duration of one NIXL KV-cache transfer (decode side)."
+)
+NIXL_BYTES = _vllm(
+    "vllm:nixl_bytes_transferred", H, "Bytes of one NIXL KV-cache transfer (decode side)."
+)
+NIXL_FAILED = _vllm(
+    "vllm:nixl_num_failed_transfers_total",
+    C,
+    "Failed NIXL KV-cache transfers, handshake and notification failures included.",
+)
+NIXL_KV_EXPIRED = _vllm(
+    "vllm:nixl_num_kv_expired_reqs_total",
+    C,
+    "Requests whose KV a prefill pod released unfetched when its lease expired.",
+)
 REQUEST_SUCCESS = _vllm(
     "vllm:request_success_total",
     C,
@@ -249,6 +269,12 @@ LORA_ONLY: frozenset[str] = frozenset(
 # run's recorded counters instead.
 OFFLOAD_ONLY: frozenset[str] = frozenset(
     n for m in (KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_BYTES) for n in m.series_names
+)
+
+# Names only a P/D replica (NixlConnector) exports: tests/pd/test_pd_live.py finds them in the
+# real decode and prefill replicas' scrapes.
+PD_ONLY: frozenset[str] = frozenset(
+    n for m in (NIXL_XFER_TIME, NIXL_BYTES, NIXL_FAILED, NIXL_KV_EXPIRED) for n in m.series_names
 )
 
 # The router's names: absent from the vLLM live scrape, checked in the router's own.

@@ -264,6 +264,58 @@ def _serving_lora() -> Row:
     )
 
 
+def _histogram_rate(metric: m.Metric, series: str) -> str:
+    """rate() of a histogram's `_count` (observations) or `_sum` (their total)."""
+    assert series in ("count", "sum") and metric.kind is m.Kind.HISTOGRAM, metric.name
+    return f"rate({sel(f'{metric.name}_{series}', VLLM)}[{W}])"
+
+
+def _serving_pd() -> Row:
+    # The decode pods observe the transfers (they pull the KV cache); the prefill pods count
+    # KV that expired unfetched. A colocated release has none of these series.
+    per_pod = ("pod",)
+    return Row(
+        "Prefill/decode KV transfers (disaggregation.enabled)",
+        (
+            Panel(
+                "KV transfers per second",
+                "NIXL transfers completed by each decode pod (vLLM's NixlConnector).",
+                (
+                    Target(
+                        agg("sum", per_pod, _histogram_rate(m.NIXL_XFER_TIME, "count")), "{{pod}}"
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "KV transfer throughput",
+                "Bytes per second pulled from prefill pods, per decode pod.",
+                (Target(agg("sum", per_pod, _histogram_rate(m.NIXL_BYTES, "sum")), "{{pod}}"),),
+                unit="Bps",
+            ),
+            Panel(
+                "KV transfer time",
+                "Duration of one transfer, over every decode pod: a slow transport (TCP where "
+                "RDMA or GPU paths were expected, docs/fleet.md) shows here first.",
+                _percentiles(m.NIXL_XFER_TIME, VLLM),
+                unit="s",
+            ),
+            Panel(
+                "KV transfer failures",
+                "Failed transfers per second (decode pods; MiniStreamKVTransfersFailing) and "
+                "requests whose KV a prefill pod released unfetched when its lease expired.",
+                (
+                    Target(agg("sum", per_pod, rate(m.NIXL_FAILED, VLLM, W)), "failed {{pod}}"),
+                    Target(
+                        agg("sum", per_pod, rate(m.NIXL_KV_EXPIRED, VLLM, W)), "expired {{pod}}"
+                    ),
+                ),
+                unit="ops",
+            ),
+        ),
+    )
+
+
 def serving(params: AlertParams) -> Dashboard:
     latency = _serving_latency(params)
     throughput = _serving_throughput(params)
@@ -288,7 +340,7 @@ def serving(params: AlertParams) -> Dashboard:
                 f'label_values({m.RUNNING}{{namespace=~"$namespace", model_name=~"$model"}}, pod)',
             ),
         ),
-        rows=(latency, throughput, saturation, per_pod, _serving_lora()),
+        rows=(latency, throughput, saturation, per_pod, _serving_lora(), _serving_pd()),
         links=LINKS,
     )
 

@@ -42,6 +42,8 @@ _DISCOVERY = {
     "--service-discovery-namespace": 1,
     "--service-discovery-port": 1,
     "--selector": -1,
+    "--prefill-selector": -1,
+    "--decode-selector": -1,
     "--api-key": 1,
 }
 
@@ -60,7 +62,8 @@ def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
     cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
     for s in sets:
         cmd += ["--set", s]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
+    # Generous: on a loaded 2-core runner one render took over 120 s while engines started.
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -87,9 +90,16 @@ def chart_router_engine_args(values: Path = ROUTER_VALUES, *sets: str) -> list[s
     return [a for a in on if a not in off]
 
 
-def local_args(chart_args: Sequence[str], workers: Sequence[str], **overrides: str) -> list[str]:
+def local_args(
+    chart_args: Sequence[str],
+    workers: Sequence[str],
+    pd: tuple[str, str] | None = None,
+    **overrides: str,
+) -> list[str]:
     """The chart's arguments with discovery swapped for `workers` and `overrides` applied
-    (`policy="round_robin"`, `port="8123"`: flag names without dashes, `_` for `-`)."""
+    (`policy="round_robin"`, `port="8123"`: flag names without dashes, `_` for `-`). In P/D
+    mode (the chart's `--vllm-pd-disaggregation`), `pd` is the (prefill, decode) pair of URLs
+    in place of the pools' selectors."""
     out: list[str] = []
     i = 0
     args = list(chart_args)
@@ -110,6 +120,8 @@ def local_args(chart_args: Sequence[str], workers: Sequence[str], **overrides: s
             out[out.index(flag) + 1] = value
         else:
             out += [flag, value]
+    if pd is not None:
+        return [*out, "--prefill", pd[0], "--decode", pd[1]]
     return [*out, "--worker-urls", *workers]
 
 
@@ -123,6 +135,7 @@ class RouterProcess:
     chart_args: Sequence[str] = field(default_factory=chart_router_args)
     extra: dict[str, str] = field(default_factory=dict)
     more_args: Sequence[str] = ()  # appended as they are (flags that repeat)
+    pd: tuple[str, str] | None = None  # P/D mode: (prefill URL, decode URL); workers unused
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -141,6 +154,7 @@ class RouterProcess:
             *local_args(
                 self.chart_args,
                 self.workers,
+                self.pd,
                 host="127.0.0.1",
                 port=str(self.port),
                 prometheus_host="127.0.0.1",
@@ -164,9 +178,8 @@ class RouterProcess:
                 raise RuntimeError(
                     f"vllm-router exited with {self.process.returncode}: {self.log_path}"
                 )
-            return answers(f"{self.url}/liveness") and len(self.routed_workers()) == len(
-                self.workers
-            )
+            expected = len(self.pd) if self.pd else len(self.workers)
+            return answers(f"{self.url}/liveness") and len(self.routed_workers()) == expected
 
         wait_until(up, timeout, 0.25, what=f"vllm-router at {self.url} with its workers")
         return self

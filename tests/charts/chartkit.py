@@ -57,6 +57,10 @@ def helm_major(path: str) -> int:
     return int(out.stdout.strip().lstrip("v").split(".")[0])
 
 
+# The label that tells a P/D release's pools apart (templates/_disaggregation.tpl).
+POOL_LABEL = "ministream.io/pool"
+
+
 @dataclass(frozen=True)
 class Rendered:
     docs: tuple[dict[str, Any], ...]
@@ -79,14 +83,23 @@ class Rendered:
     def kinds(self) -> set[str]:
         return {d["kind"] for d in self.docs}
 
-    def workload(self) -> dict[str, Any]:
-        """The serving workload: the Deployment, or the LeaderWorkerSet of a release whose
-        replica spans several nodes (docs/multinode.md); never the router's Deployment."""
-        found = [
+    def workloads(self) -> list[dict[str, Any]]:
+        """Every serving workload: one, or a P/D release's two pools (disaggregation.enabled)."""
+        return [
             d
             for d in self.of_kind("Deployment") + self.of_kind("LeaderWorkerSet")
             if d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"
         ]
+
+    def workload(self, pool: str = "decode") -> dict[str, Any]:
+        """The serving workload: the Deployment, or the LeaderWorkerSet of a release whose
+        replica spans several nodes (docs/multinode.md); never the router's Deployment. In a
+        P/D release, the `pool`'s Deployment: both pools render one pod template, and
+        tests/charts/test_chart_pd.py checks they differ in the pool label only, so what a
+        scenario test checks on one holds for the other."""
+        found = self.workloads()
+        if len(found) == 2:
+            found = [d for d in found if d["metadata"]["labels"].get(POOL_LABEL) == pool]
         assert len(found) == 1, f"expected one serving workload, got {len(found)}"
         return found[0]
 

@@ -255,8 +255,9 @@ def test_startup_budget_is_the_probes_and_the_rollouts(rendered: Rendered) -> No
     probe = container(pod_spec(rendered), "vllm")["startupProbe"]
     budget = startup_budget(rendered)
     assert probe["failureThreshold"] == math.ceil(budget / probe["periodSeconds"])
-    if rendered.of_kind("Deployment"):
-        assert rendered.one("Deployment")["spec"]["progressDeadlineSeconds"] >= budget
+    for workload in rendered.workloads():
+        if workload["kind"] == "Deployment":
+            assert workload["spec"]["progressDeadlineSeconds"] >= budget
 
 
 def test_startup_budget_follows_size_mode_and_sharding() -> None:
@@ -522,14 +523,23 @@ def test_rollout_mode(rendered: Rendered, values: dict) -> None:
     assert strategy["rollingUpdate"] == expected
 
 
+def serving_selector(rendered: Rendered) -> dict[str, str]:
+    """The labels every serving pod carries: the one Deployment's selector, or what a P/D
+    release's two pool selectors share (each adds its pool label)."""
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in rendered.workloads()]
+    common = set.intersection(*(set(s.items()) for s in selectors))
+    return dict(common)
+
+
 def test_service_pdb_and_selectors(rendered: Rendered) -> None:
     if rendered.of_kind("LeaderWorkerSet"):
         pytest.skip("multi-node selectors: test_chart_multinode.py")
-    deployment = rendered.one("Deployment")
-    selector = deployment["spec"]["selector"]["matchLabels"]
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert selector.items() <= pod_labels.items()
-    assert not any("version" in k or k == "helm.sh/chart" for k in selector), selector
+    selector = serving_selector(rendered)
+    for deployment in rendered.workloads():
+        own = deployment["spec"]["selector"]["matchLabels"]
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= own.items() <= pod_labels.items()
+        assert not any("version" in k or k == "helm.sh/chart" for k in own), own
     service = rendered.one("Service")
     assert service["spec"]["selector"] == selector
     ports = {p["name"]: p for p in service["spec"]["ports"]}
@@ -562,10 +572,17 @@ def test_network_policy(rendered: Rendered, values: dict) -> None:
     assert bool(policies) == values["networkPolicy"]["enabled"]
     if rendered.of_kind("LeaderWorkerSet"):
         pytest.skip("multi-node policy (group ports): test_chart_multinode.py")
+    expected = [8000, 8081]
+    if values["disaggregation"]["enabled"]:
+        # NIXL's side channel (the vLLM container's port) and UCX's first data port:
+        # tests/charts/test_chart_pd.py checks whom they admit.
+        vllm_ports = container(pod_spec(rendered), "vllm")["ports"]
+        expected += [p["containerPort"] for p in vllm_ports if p["name"] == "nixl-side"]
+        expected += [values["disaggregation"]["nixl"]["ucxPortRange"]["start"]]
     for policy in policies:
         ports = sorted({p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]})
-        assert ports == [8000, 8081]
-        selector = rendered.one("Deployment")["spec"]["selector"]["matchLabels"]
+        assert ports == sorted(expected)
+        selector = serving_selector(rendered)
         assert policy["spec"]["podSelector"]["matchLabels"] == selector
 
 

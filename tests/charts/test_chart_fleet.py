@@ -30,6 +30,7 @@ from chartkit import (
     Rendered,
     render,
     scenario_id,
+    scenario_values,
 )
 
 from ministream_observability import autoscaling
@@ -100,6 +101,11 @@ def release_selector() -> str:
 def test_replicas_absent_iff_autoscaling(scenario_file: Path, tmp_path: Path) -> None:
     for enabled in (False, True):
         over = {"autoscaling": {"enabled": enabled, "keda": KEDA}}
+        if enabled and scenario_values(scenario_file)["disaggregation"]["enabled"]:
+            # One scaler cannot scale two pools: refused (tests/charts/test_chart_pd.py).
+            with pytest.raises(HelmError, match=r"autoscaling\.enabled"):
+                render(scenario_file, write(tmp_path, over, f"{enabled}.yaml"))
+            continue
         out = render(scenario_file, write(tmp_path, over, f"{enabled}.yaml"))
         workload = out.workload()
         assert ("replicas" in workload["spec"]) is (not enabled), scenario_file.name

@@ -178,8 +178,13 @@ def test_notes_render(scenario_file: Path) -> None:
     tp = values["parallelism"]["tensor"] or values["tensorParallelSize"] or 1
     assert f"tensor-parallel size {tp}" in notes
     assert f"Rollout:   {values['rollout']['mode']}" in notes
+    pd = values["disaggregation"]
     if values["autoscaling"]["enabled"]:
         assert f"Scaling:   {values['autoscaling']['engine']}" in notes
+    elif pd["enabled"]:
+        assert f"{pd['prefill']['replicas']} prefill pod(s)" in notes
+        assert f"{pd['decode']['replicas']} decode pod(s)" in notes
+        assert "port-forward svc/ms-ministream-router " in notes
     else:
         assert f"Replicas:  {values['replicaCount']} (fixed" in notes
     assert "helm test ms -n serving" in notes

@@ -268,6 +268,7 @@ def test_rule_file_is_plain_prometheus_format() -> None:
         "MiniStreamKVCacheNearlyFull",
         "MiniStreamQueueGrowing",
         "MiniStreamPreempting",
+        "MiniStreamKVTransfersFailing",
         "MiniStreamRequestErrors",
         "MiniStreamDrainTimingOut",
         "MiniStreamRolloutStalled",

@@ -55,9 +55,9 @@ def _cluster_only(q: Query) -> bool:
 
 
 # Series this stack's vLLM does not export: those of pods serving LoRA adapters
-# (test_lora_live.py) and of KV offload, which the CPU build cannot run
-# (test_kv_offload_names.py).
-ELSEWHERE = catalog.LORA_ONLY | catalog.OFFLOAD_ONLY
+# (test_lora_live.py), of KV offload, which the CPU build cannot run
+# (test_kv_offload_names.py), and of P/D's NIXL connector (tests/pd/test_pd_live.py).
+ELSEWHERE = catalog.LORA_ONLY | catalog.OFFLOAD_ONLY | catalog.PD_ONLY
 
 
 def _exported_elsewhere(q: Query) -> bool:

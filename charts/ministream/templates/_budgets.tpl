@@ -71,6 +71,7 @@ before going from one pod to zero) is the same window.
 {{- $v := .Values -}}
 {{- $_ := include "ministream.terminationGracePeriodSeconds" . -}}
 {{- $_ = include "ministream.layout" . -}}
+{{- $_ = include "ministream.pdValidate" . -}}
 {{- if gt (float64 $v.sidecar.drainMinSeconds) (float64 $v.sidecar.drainTimeoutSeconds) -}}
 {{- fail (printf "sidecar.drainMinSeconds (%v) must not exceed sidecar.drainTimeoutSeconds (%v): the minimum wait is part of the drain timeout" $v.sidecar.drainMinSeconds $v.sidecar.drainTimeoutSeconds) -}}
 {{- end -}}

@@ -15,6 +15,11 @@
     - name: http
       containerPort: {{ $vllmPort }}
       protocol: TCP
+    {{- if include "ministream.pdEnabled" . }}
+    - name: nixl-side
+      containerPort: {{ include "ministream.nixlSideChannelPort" . | int }}
+      protocol: TCP
+    {{- end }}
   env:
     {{- if .Values.apiKey.enabled }}
     - name: VLLM_API_KEY

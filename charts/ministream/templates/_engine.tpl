@@ -28,6 +28,9 @@ outlive a restarted vLLM container and feed KEDA, the HPA and the picker stale s
 {{- if include "ministream.usesS3" . }}
 {{- include "ministream.s3Env" . | trim | nindent 0 }}
 {{- end }}
+{{- if include "ministream.pdEnabled" . }}
+{{- include "ministream.nixlEnv" . | nindent 0 }}
+{{- end }}
 {{- with .Values.vllm.extraEnv }}
 {{- toYaml . | nindent 0 }}
 {{- end }}

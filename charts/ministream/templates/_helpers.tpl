@@ -10,6 +10,7 @@ Helpers of the ministream chart, one file per concern:
   _pod.tpl      the serving pod (Deployment, or a LeaderWorkerSet's leader and workers)
   _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the Ray head and workers
   _gateway.tpl  the inference gateway: where its proxies connect from
+  _disaggregation.tpl  prefill/decode pools, NIXL's connector, ports and environment
 Every name is cut to 63 characters (the DNS-label limit of object names and label values).
 Fixed ports (docs/architecture.md §1.5): vLLM serves the OpenAI API, /health and /metrics on 8000; the
 sidecar serves /livez, /readyz, /warmup, /drain and /metrics on 8081.
@@ -106,6 +107,8 @@ Deployment's "<name>-<hash>-<id>", or a LeaderWorkerSet's leaders "<lws>-<group>
 {{- define "ministream.promSelector" -}}
 {{- if include "ministream.isMultiNode" . -}}
 namespace="{{ .Release.Namespace }}", pod=~"{{ include "ministream.lwsName" . }}-[0-9]+"
+{{- else if include "ministream.pdEnabled" . -}}
+namespace="{{ .Release.Namespace }}", pod=~"{{ include "ministream.fullname" . }}-(prefill|decode)-[a-z0-9]+-[a-z0-9]+"
 {{- else -}}
 namespace="{{ .Release.Namespace }}", pod=~"{{ include "ministream.fullname" . }}-[a-z0-9]+-[a-z0-9]+"
 {{- end -}}

@@ -4,16 +4,20 @@ The serving pod, one template for every workload that runs it:
   role "leader"  a LeaderWorkerSet group's leader: the same pod, vLLM started after a Ray head
   role "worker"  a group's other pods: one Ray node each (templates/_multinode.tpl), no sidecar,
                  the engine's environment and volumes, so every loading mode reaches every rank
-Called with (dict "ctx" $ "role" ROLE).
+Called with (dict "ctx" $ "role" ROLE), and "pool" POOL for a P/D pool's pod (_disaggregation.tpl).
 */}}
 {{- define "ministream.podTemplate" -}}
 {{- $role := .role -}}
+{{- $pool := .pool -}}
 {{- with .ctx -}}
 {{- $main := ternary "ray-worker" "vllm" (eq $role "worker") -}}
 metadata:
   labels:
     {{- include "ministream.labels" . | nindent 4 }}
     app.kubernetes.io/component: {{ ternary "worker" "server" (eq $role "worker") }}
+    {{- with $pool }}
+    {{ include "ministream.poolLabel" $ }}: {{ . }}
+    {{- end }}
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

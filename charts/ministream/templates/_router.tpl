@@ -22,9 +22,18 @@ app.kubernetes.io/component: router
 {{- include "ministream.imageRef" (dict "repository" .Values.router.image.repository "image" .Values.router.image "appVersion" .Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* `--selector` of vllm-router: "key=value" words, from the serving pods' own selector labels. */}}
+{{/*
+`--selector` of vllm-router: "key=value" words, from the serving pods' own selector labels;
+with "pool", a P/D pool's (`--prefill-selector`, `--decode-selector`).
+Called with (dict "ctx" $) or (dict "ctx" $ "pool" POOL).
+*/}}
 {{- define "ministream.routerSelectorArgs" -}}
-{{- $labels := include "ministream.serverSelectorLabels" . | fromYaml -}}
+{{- $labels := dict -}}
+{{- if .pool -}}
+{{- $labels = include "ministream.pdPoolSelectorLabels" . | fromYaml -}}
+{{- else -}}
+{{- $labels = include "ministream.serverSelectorLabels" .ctx | fromYaml -}}
+{{- end -}}
 {{- range $key := keys $labels | sortAlpha }}
 - {{ printf "%s=%s" $key (get $labels $key) | quote }}
 {{- end -}}
@@ -53,8 +62,20 @@ runs with --enable-scale-out; without it every decision is `missing_tokens`.
 - {{ .Release.Namespace | quote }}
 - --service-discovery-port
 - {{ include "ministream.vllmPort" . | quote }}
+{{- if include "ministream.pdEnabled" . }}
+# Prefill/decode disaggregation: each request goes to a prefill pod, then a decode pod that
+# pulls the prompt's KV cache from it (NIXL); each pool found by its own labels.
+- --vllm-pd-disaggregation
+- --kv-connector
+- {{ .Values.disaggregation.connector | quote }}
+- --prefill-selector
+{{- include "ministream.routerSelectorArgs" (dict "ctx" . "pool" "prefill") }}
+- --decode-selector
+{{- include "ministream.routerSelectorArgs" (dict "ctx" . "pool" "decode") }}
+{{- else }}
 - --selector
-{{- include "ministream.routerSelectorArgs" . }}
+{{- include "ministream.routerSelectorArgs" (dict "ctx" .) }}
+{{- end }}
 - --prometheus-host
 - "0.0.0.0"
 - --prometheus-port

@@ -67,6 +67,11 @@
 # The router's cache_aware policy tokenizes prompts through vLLM's render endpoints.
 - --enable-scale-out
 {{- end }}
+{{- if include "ministream.pdEnabled" . }}
+# Prefill/decode disaggregation: NIXL moves the prompt's KV cache between the pools.
+- --kv-transfer-config
+- {{ include "ministream.kvTransferConfig" . | quote }}
+{{- end }}
 {{- with .Values.vllm.kvOffload.sizeGiB }}
 - --kv-offloading-size
 - {{ . | quote }}

@@ -1,0 +1,73 @@
+"""Prefill/decode disaggregation on one host: what the chart gives a P/D replica (vLLM's
+`--kv-transfer-config`, NIXL's and UCX's environment), read from `helm template`, with only what
+a cluster provides per pod swapped for local values.
+
+In a cluster every pod has its own IP, so both pools use NIXL's side-channel port 5600 and
+the same UCX port range. On one host the replicas share 127.0.0.1: each gets its own
+side-channel port and its own UCX range, and the side channel advertises 127.0.0.1 instead of
+the pod IP (`status.podIP`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ministream_testkit.router import CHART, _rendered
+
+PD_VALUES = CHART / "ci" / "pd-values.yaml"
+POOL_LABEL = "ministream.io/pool"
+
+
+@dataclass(frozen=True)
+class PDEngine:
+    """The chart's P/D additions to a replica: vLLM arguments and literal environment."""
+
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+    def local_env(self, side_channel_port: int, ucx_ports: tuple[int, int]) -> dict[str, str]:
+        """The environment of one local replica: the chart's, with the per-pod values of a
+        cluster (address, ports) made unique on this host."""
+        return {
+            **self.env,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
+            "UCX_TCP_PORT_RANGE": f"{ucx_ports[0]}-{ucx_ports[1]}",
+        }
+
+
+def _vllm_container(docs: list[dict[str, Any]], pool: str) -> dict[str, Any]:
+    for doc in docs:
+        labels = doc.get("metadata", {}).get("labels", {})
+        if doc["kind"] == "Deployment" and labels.get(POOL_LABEL) == pool:
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                if c["name"] == "vllm":
+                    return c
+    raise LookupError(f"no {pool} Deployment with a vllm container rendered")
+
+
+def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode") -> PDEngine:
+    """What P/D behind the router adds to the `pool`'s vLLM container: the arguments absent
+    from the same release without both (the connector's, and what the router's policy needs,
+    e.g. cache_aware's render endpoints), and the NIXL_/UCX_ variables with literal values."""
+    on = _vllm_container(_rendered(values, ()), pool)
+    off_docs = _rendered(values, ("disaggregation.enabled=false", "router.enabled=false"))
+    (off,) = [
+        c
+        for d in off_docs
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "server"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "vllm"
+    ]
+    on_args = [str(a) for a in on["args"]]
+    off_args = [str(a) for a in off["args"]]
+    added = [a for a in on_args if a not in off_args]
+    env = {
+        e["name"]: str(e["value"])
+        for e in on.get("env", [])
+        if "value" in e and e["name"].startswith(("VLLM_NIXL_", "UCX_"))
+    }
+    return PDEngine(tuple(added), env)
