@@ -251,6 +251,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"disaggregation": {"nixl": {"ucxPortRange": {"start": 41000, "end": 40000}}}},
         "start (41000) must not exceed end (40000)",
     ),
+    "own-kv-transfer-config": (
+        {"vllm": {"extraArgs": ["--kv-transfer-config", "{}"]}},
+        "remove --kv-transfer-config from vllm.extraArgs",
+    ),
 }
 
 
