@@ -354,3 +354,35 @@ def bad_release_podman(root: Path) -> Lines:
         align="lrrrllr",
     )
     return lines + _bad_release_rows(report)
+
+
+# ---------------------------------------------------------------- the rollout soak
+
+SOAK_SMOKE = f"{SERVE}/rollout-soak-smoke.json"
+
+
+@TABLES.table("rollout-soak-smoke", SOAK_SMOKE)
+def rollout_soak_smoke(root: Path) -> Lines:
+    soak = load(root, SOAK_SMOKE)
+    lines = header(
+        "front",
+        "mode",
+        "rollouts (completed)",
+        "sent",
+        "failed",
+        "failures by cause",
+        align="llrrrl",
+    )
+    for r in soak["summary"]:
+        causes = ", ".join(f"`{k}`: {v}" for k, v in r["failures_by_cause"].items()) or "—"
+        lines.append(
+            row(
+                r["front"],
+                "preStop `/drain`" if r["mode"] == "drain" else "`--no-drain` (control)",
+                f"{r['rollouts']} ({r['rollouts_completed']})",
+                num(r["sent"], 0),
+                f"**{r['failed']}**",
+                causes,
+            )
+        )
+    return lines
