@@ -190,6 +190,10 @@ def compare(
         return None
     a = [_pick(by[(k, pair[0])], figure) for k in blocks]
     b = [_pick(by[(k, pair[1])], figure) for k in blocks]
+    if min(a + b) <= 0:
+        # ITL comes from two separate calls ((decode - TTFT) / tokens): on a loaded machine the
+        # decode call can finish sooner than the TTFT call, and a negative figure has no ratio.
+        return None
     return paired_ratio_interval(a, b), blocks
 
 

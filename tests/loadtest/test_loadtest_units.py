@@ -43,6 +43,7 @@ from ministream_loadtest.rollout_plan import (
 from ministream_loadtest.rollout_report import PodSnapshot, RolloutFacts, build_report
 from ministream_loadtest.scenarios import load_scenario, resolve_scenario, shipped_scenarios
 from ministream_loadtest.slo import point_report
+from ministream_sidecar.engine_client import LOAD_TRACKING_FLAG
 from ministream_testkit.helm import helm_path
 
 # The demo model is served with --max-model-len 2048 (Makefile `serve`, `bench-serve`).
@@ -115,7 +116,9 @@ def rendered_pod(**sets: Any) -> ChartPod:
 
 def test_local_pods_pass_the_rendered_vllm_arguments_but_not_the_wiring() -> None:
     base = rendered_pod()
-    assert base.vllm_args == ("--shutdown-timeout", str(base.vllm_shutdown_timeout_seconds))
+    flags = list(base.vllm_args)
+    assert flags[flags.index("--shutdown-timeout") + 1] == str(base.vllm_shutdown_timeout_seconds)
+    assert LOAD_TRACKING_FLAG in flags  # what the pods' drain counts with
     pod = rendered_pod(
         vllm__maxQueuedRequests=40, vllm__maxModelLen=256, vllm__extraArgs=["--seed=3"]
     )
