@@ -235,3 +235,13 @@ def test_bench_plugin_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None
         assert entry["verdict"] in ("difference", "no difference resolved")
     # Same weights, float32 on CPU: every instance computed the same greedy tokens.
     assert report["distinct_warmup_outputs"] == 1
+
+
+def test_a_negative_itl_leaves_its_comparison_out(script: ModuleType) -> None:
+    """ITL = (decode call - TTFT call) / tokens: on a loaded machine the decode call can finish
+    first. That figure has no ratio; the others are still compared (a CI run crashed here)."""
+    rows = [_instance(s, k, 100.0 + k) for k in range(2) for s in ("plugin", "llama", "plugin_b")]
+    rows[0]["latency"]["1"]["itl_ms"] = -5.8
+    comparisons = script.build_report(rows, {}, 0.98, True)["comparisons"]
+    assert comparisons["itl_ms@1"]["ab_plugin_over_llama"] is None
+    assert comparisons["tok/s"]["ab_plugin_over_llama"] is not None
