@@ -91,9 +91,5 @@ def vllm_server(
         log_path=tmp_path_factory.mktemp("logs") / "vllm-shared.log",
         args=[*TINY_ENGINE_ARGS, "--shutdown-timeout", "30"],
     )
-    server.start()
-    try:
-        server.wait_healthy()
+    with server.running():
         yield server
-    finally:
-        server.stop()

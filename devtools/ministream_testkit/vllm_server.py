@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,3 +142,13 @@ class VLLMServer:
     def stop(self) -> None:
         """SIGTERM the server's process group (it spawns the engine core), then SIGKILL."""
         stop_group(self.process)
+
+    @contextmanager
+    def running(self) -> Iterator[VLLMServer]:
+        """Start, wait until healthy, yield; stop on the way out (a no-op once it exited)."""
+        self.start()
+        try:
+            self.wait_healthy()
+            yield self
+        finally:
+            self.stop()

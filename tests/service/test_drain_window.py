@@ -37,10 +37,10 @@ from sidecarkit import SidecarFactory
 from ministream_sidecar.engine_client import LOAD_PATH, LOAD_TRACKING_FLAG
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, request_counts
 from ministream_testkit.waiting import wait_until
+from tests.conftest import TINY_SERVED_NAME
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
-SERVED = "ministream-tiny"
 MAX_TOKENS = 32
 # Printed by vLLM's API server when it forwards SIGTERM to its engine core (vLLM 0.32,
 # vllm/v1/engine/utils.py): from then on the stopped engine core has the signal pending.
@@ -53,16 +53,12 @@ def own_vllm(
 ) -> Iterator[VLLMServer]:
     server = VLLMServer(
         model=str(tiny_model_dir),
-        served_name=SERVED,
+        served_name=TINY_SERVED_NAME,
         log_path=tmp_path_factory.mktemp("drain-window") / "vllm.log",
         args=[*TINY_ENGINE_ARGS, "--shutdown-timeout", "30", LOAD_TRACKING_FLAG],
     )
-    server.start()
-    try:
-        server.wait_healthy()
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 def engine_core(server: VLLMServer) -> psutil.Process:
@@ -92,7 +88,7 @@ class StreamedRequest(threading.Thread):
 
     def run(self) -> None:
         payload: dict[str, Any] = {
-            "model": SERVED,
+            "model": TINY_SERVED_NAME,
             "prompt": "hello",
             "max_tokens": MAX_TOKENS,
             "ignore_eos": True,
@@ -137,7 +133,7 @@ def test_drain_waits_for_a_request_the_engine_gauges_miss_and_sigterm_cuts_it(
 ) -> None:
     sidecar = start_sidecar(
         vllm_url=own_vllm.url,
-        model_name=SERVED,
+        model_name=TINY_SERVED_NAME,
         warmup_on_start=False,
         drain_poll_interval_seconds=0.1,
         drain_min_seconds=0,

@@ -39,12 +39,8 @@ def victim_vllm(
         log_path=tmp_path_factory.mktemp("victim") / "vllm-victim.log",
         args=TINY_ENGINE_ARGS,
     )
-    server.start()
-    try:
-        server.wait_healthy()
+    with server.running():  # stopping is a no-op once a test killed it
         yield server
-    finally:
-        server.stop()  # no-op once killed; kills the group otherwise
 
 
 def test_vllm_stopped_is_hung_not_busy(
