@@ -125,7 +125,10 @@ class RouterFront:
         )
         self._endpoints: dict[int, _Endpoint] = {}
         self._routed: set[int] = set()
+        # `_lock` guards the endpoints and is never held across a call of the router;
+        # `_sync_lock` makes one sync at a time (so `_routed` is only touched by it).
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._discover, name="discovery", daemon=True)
         self.counters_before: dict[str, float] = {}
@@ -152,9 +155,9 @@ class RouterFront:
         with self._lock:
             old = self._endpoints.pop(slot.index, None)
             self._endpoints[slot.index] = _Endpoint(slot, probes.start())
-            # A slot still routed for its previous pod (one whose removal never came, e.g.
-            # `--endpoint-lag inf` before its probe failed) leaves the router now.
-            self._sync()
+        # A slot still routed for its previous pod (one whose removal never came, e.g.
+        # `--endpoint-lag inf` before its probe failed) leaves the router now.
+        self._sync()
         if old is not None:
             self._stop_probes(old)
 
@@ -170,7 +173,7 @@ class RouterFront:
             if endpoint is None:
                 return
             endpoint.terminating = True
-            self._sync()
+        self._sync()
         self._stop_probes(endpoint)
 
     def _stop_probes(self, endpoint: _Endpoint) -> None:
@@ -180,24 +183,32 @@ class RouterFront:
     # --- the router's discovery ---------------------------------------------------------
     def _discover(self) -> None:
         while not self._stop.wait(_DISCOVERY_INTERVAL_S):
-            with self._lock:
-                self._sync()
+            self._sync()
 
     def _sync(self) -> None:
-        """Bring the router's workers to the Ready, non-terminating pods (under the lock)."""
-        desired = [i for i, e in self._endpoints.items() if e.ready and not e.terminating]
-        add, remove = discovery_changes(desired, self._routed)
-        for i in add:
-            if self._call("add_worker", self._endpoints[i].slot):
-                self._routed.add(i)
-                self._event(i, "added")
-        for i in remove:
-            endpoint = self._endpoints.get(i)
-            slot = endpoint.slot if endpoint else self.slots[i]
-            if self._call("remove_worker", slot):
-                self._routed.discard(i)
-                why = "terminating" if endpoint and endpoint.terminating else "not ready"
-                self._event(i, f"removed: {why}")
+        """Bring the router's workers to the Ready, non-terminating pods: the changes are
+        worked out under the lock and the router is called outside it, so a slow router
+        never holds up the orchestrator or the watcher; a change whose endpoint moved on
+        meanwhile is put right by the next pass."""
+        with self._sync_lock:
+            with self._lock:
+                desired = [i for i, e in self._endpoints.items() if e.ready and not e.terminating]
+                add, remove = discovery_changes(desired, self._routed)
+                adds = [(i, self._endpoints[i].slot) for i in add]
+                removes = []
+                for i in remove:
+                    endpoint = self._endpoints.get(i)
+                    why = "terminating" if endpoint and endpoint.terminating else "not ready"
+                    removes.append((i, endpoint.slot if endpoint else self.slots[i], why))
+            added = [i for i, slot in adds if self._call("add_worker", slot)]
+            removed = [(i, why) for i, slot, why in removes if self._call("remove_worker", slot)]
+            with self._lock:
+                for i in added:
+                    self._routed.add(i)
+                    self._event(i, "added")
+                for i, why in removed:
+                    self._routed.discard(i)
+                    self._event(i, f"removed: {why}")
 
     def _call(self, action: str, slot: Slot) -> bool:
         """One call of the router's worker API; False to try again on the next pass."""

@@ -153,9 +153,18 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     b.ready = True
     assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
 
-    # A new pod in a slot that is still routed: out of the router until its probe passes.
+    # A new pod in a slot that is still routed: out of the router at once, and kept out
+    # until its probe passes (held failing here, so nothing can add it back in between).
+    b.ready = False
     front.add_endpoint(Slot(1, b.port, b.port))
     assert f"http://127.0.0.1:{b.port}" not in router_kit.routed_workers(front.url)
+    wait_until(
+        lambda: len(front._endpoints[1].probes.logs["readiness"].results) >= 2,
+        30,
+        what="two failed probes of the new pod in slot1",
+    )
+    assert f"http://127.0.0.1:{b.port}" not in router_kit.routed_workers(front.url)
+    b.ready = True
     assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
 
     # Terminating: removed when the orchestrator says so, though its probe still passes, and
