@@ -125,9 +125,11 @@ bench-rollout-router: setup-test $(TINY_MODEL)/ministream_manifest.json  ## the 
 # Drained rollouts back to back behind both fronts, the no-drain control beside them: enough
 # rollouts and requests to see a 1-in-1 000 loss (docs/benchmarks.md, "Rollout soak"). At
 # SOAK_RATE req/s a rollout of the tiny model sends ~2 000 requests on 2 cores.
+# An interrupted soak continues where it stopped; SOAK_FRONTS=haproxy runs one front.
 SOAK_RATE ?= 10
+SOAK_FRONTS ?= haproxy,router
 bench-rollout-soak: setup-test $(TINY_MODEL)/ministream_manifest.json  ## 10 drained rollouts per front (HAProxy, vLLM's router) + 2 no-drain controls each; every failure kept with its logs (~5 h on 2 cores)
-	VLLM_CPU_KVCACHE_SPACE=1 $(PY) scripts/bench_rollout_soak.py \
+	VLLM_CPU_KVCACHE_SPACE=1 $(PY) scripts/bench_rollout_soak.py --resume --fronts $(SOAK_FRONTS) \
 	  --out $(ART)/bench-serve/rollout-soak.json --rollouts 10 --control-rollouts 2 \
 	  -- $(ROLLOUT_ARGS) --rate $(SOAK_RATE) $(ROLLOUT_VLLM)
 

@@ -194,7 +194,7 @@ def report(
         "config": {
             "rollouts_per_front": args.rollouts,
             "control_rollouts_per_front": args.control_rollouts,
-            "fronts": list(fronts),
+            "fronts": sorted({*fronts, *(r["front"] for r in runs)}),
             "rollout_args": list(rollout_args),
         },
         "summary": summarize(runs),
