@@ -1,5 +1,5 @@
 """LoRA adapters in the chart (lora.*): the fetch-adapters init step, vLLM's LoRA flags with
-the spare slot vllm#48421 needs, the sidecar's adapter list, and the values refused."""
+a free slot by default, the sidecar's adapter list, and the values refused."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_adapters_are_fetched_verified_and_served_by_name() -> None:
     )
     assert env["MINISTREAM_MODEL_HASH"] == yaml.safe_load(SCENARIO.read_text())["model"]["hash"]
 
-    # vLLM: LoRA on, a spare slot beyond the adapters, every adapter by name from out_dir,
+    # vLLM: LoRA on, a free slot beyond the adapters, every adapter by name from out_dir,
     # read-only, started through the entrypoint that leaves refused adapters out.
     args = vllm["args"]
     assert "--enable-lora" in args
@@ -103,6 +103,14 @@ def test_explicit_slots_and_cpu_cache_render() -> None:
     assert _flag(args, "--max-loras") == ["4"] and _flag(args, "--max-cpu-loras") == ["8"]
 
 
+def test_every_slot_in_use_is_accepted() -> None:
+    """As many slots as adapters: base requests beside a full set are the plugin's to serve
+    right (ministream.lora_punica, vllm#48421), so the chart sets no floor."""
+    full = len(ADAPTERS)
+    args = _containers(render(SCENARIO, lora__maxLoras=full))["vllm"]["args"]
+    assert _flag(args, "--max-loras") == [str(full)]
+
+
 def test_dynamic_loading_is_on_only_when_asked() -> None:
     vllm = _containers(render(SCENARIO, lora__dynamic__enabled=True))["vllm"]
     assert _env(vllm)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
@@ -116,7 +124,6 @@ def test_dynamic_loading_is_on_only_when_asked() -> None:
 
 
 BAD: dict[str, tuple[dict[str, Any], list[str]]] = {
-    "full-slots": ({"lora": {"maxLoras": len(ADAPTERS)}}, ["lora.maxLoras", "vllm#48421"]),
     "cpu-cache-below-slots": ({"lora": {"maxCpuLoras": 1}}, ["lora.maxCpuLoras"]),
     "dynamic-without-key": (
         {"lora": {"dynamic": {"enabled": True}}, "apiKey": {"enabled": False}},

@@ -1,5 +1,6 @@
 {{/*
-The inference gateway's side of the release: where its proxies connect from.
+The inference gateway's side of the release: where its proxies connect from, the pool they
+route to, and the chart's endpoint picker (the *-picker.yaml templates).
 */}}
 
 {{/*
@@ -42,9 +43,24 @@ both come from here, so the pool, the picker and the serving pods cannot drift a
 {{ include "ministream.serverSelectorLabels" . }}
 {{- end -}}
 
-{{/* The chart's endpoint picker (gateway.picker): its name and its pods' labels. */}}
+{{/*
+The chart's endpoint picker (gateway.picker): "true" when the release deploys it (every
+*-picker.yaml template renders under this), its name, its pods' labels.
+*/}}
+{{- define "ministream.pickerEnabled" -}}
+{{- if and .Values.gateway.enabled .Values.gateway.picker.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{- define "ministream.pickerName" -}}
 {{- include "ministream.componentName" (dict "ctx" . "suffix" "epp") -}}
+{{- end -}}
+
+{{/*
+The ClusterRole (and its binding) that lets a picker with gateway.picker.metricsAuthSecret
+review scrape tokens: cluster-scoped, so the namespace is part of the name.
+*/}}
+{{- define "ministream.pickerMetricsAuthName" -}}
+{{- printf "%s-%s-metrics-auth" .Release.Namespace (include "ministream.pickerName" .) -}}
 {{- end -}}
 
 {{- define "ministream.pickerSelectorLabels" -}}

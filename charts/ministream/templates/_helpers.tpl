@@ -1,15 +1,23 @@
 {{/*
-Helpers of the ministream chart, one file per concern:
+Helpers of the ministream chart, one file per concern (only defines: no object renders from a
+_*.tpl file; every other template renders at most one object, chart README, Template layout):
   _helpers.tpl  names, labels, images, ports
   _loading.tpl  loading modes, model locations, S3 environment, shard preparation
-  _vllm.tpl     the vLLM container's arguments and preStop hook
+  _vllm.tpl     the vLLM engine: parallel sizes, the container's command, arguments and
+                preStop hook
   _budgets.tpl  the start-up budget, the grace period, the autoscaler's scale-down window,
                 and the cross-field checks that values.schema.json cannot state (every
                 other rule lives in the schema)
   _fleet.tpl    rollout strategy, pod spreading, the autoscalers' signals and behaviour
   _pod.tpl      the serving pod (Deployment, or a LeaderWorkerSet's leader and workers)
-  _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the Ray head and workers
-  _gateway.tpl  the inference gateway: where its proxies connect from
+  _container-vllm.tpl, _container-sidecar.tpl, _initcontainers.tpl, _volumes.tpl
+                the serving pod's containers and volumes
+  _engine.tpl   the engine's environment, volume mounts and resources
+  _multinode.tpl  the parallel layout (tensor x pipeline over nodes), the LeaderWorkerSet
+                group and its Ray workers
+  _lora.tpl     LoRA adapters: their fetch step and vLLM's flags
+  _router.tpl   vLLM's router: its name, image and arguments
+  _gateway.tpl  the inference gateway and the chart's endpoint picker
   _disaggregation.tpl  prefill/decode pools, NIXL's connector, ports and environment
 Every name is cut to 63 characters (the DNS-label limit of object names and label values).
 Fixed ports (docs/architecture.md §1.5): vLLM serves the OpenAI API, /health and /metrics on 8000; the

@@ -19,18 +19,17 @@ every configured name in --lora-modules and its entrypoint leaves out the ones n
 {{- end -}}
 
 {{/*
-Slots of a batch: one more than the adapters, unless set. With every slot in use vLLM's CPU
-LoRA ops read a base request's "no adapter" index -1 as the last slot and serve it that
-adapter's output (vllm#48421); the spare slot keeps a base request beside a full set of
-adapters right, so a value without it is refused.
+Slots of a batch: lora.maxLoras, or one more than the adapters when empty, so every pod keeps
+a slot free beyond its static adapters (the picker's LoRA affinity prefers a pod with a free
+slot, docs/fleet.md). No floor: with every slot in use vLLM's CPU LoRA ops read a base
+request's "no adapter" index -1 as the last slot (vllm#48421), but the plugin's register()
+swaps in a CPU wrapper that zeroes those rows in every vLLM process (docs/plugin.md, "The
+full-slots guard") and GPU kernels skip -1, so a full set of slots serves base requests right.
 */}}
 {{- define "ministream.loraMaxLoras" -}}
 {{- $l := .Values.lora -}}
-{{- $needed := add (len $l.adapters) 1 -}}
 {{- if kindIs "invalid" $l.maxLoras -}}
-{{- $needed -}}
-{{- else if lt (int $l.maxLoras) (int $needed) -}}
-{{- fail (printf "lora.maxLoras=%d leaves no spare adapter slot for %d adapter(s): with every slot in use vLLM's CPU LoRA ops serve base requests the last adapter's output (vllm#48421). Set lora.maxLoras >= %d or leave it empty." (int $l.maxLoras) (len $l.adapters) $needed) -}}
+{{- add (len $l.adapters) 1 -}}
 {{- else -}}
 {{- int $l.maxLoras -}}
 {{- end -}}

@@ -1,4 +1,55 @@
-{{/* The vLLM container's arguments and its preStop hook. */}}
+{{/*
+The vLLM engine every serving pod runs: its parallel sizes, the container's command and
+arguments, and its preStop hook. How the ranks fill pods and nodes is _multinode.tpl's.
+*/}}
+
+{{/*
+The one tensor-parallel size of the release: parallelism.tensor, or its older name
+tensorParallelSize (kept as an alias: every scenario and script written before parallelism.* existed sets
+it); 1 when neither is set. Both set to different values is refused. The schema requires one
+of them for the sharded modes.
+*/}}
+{{- define "ministream.tensorParallelSize" -}}
+{{- $new := .Values.parallelism.tensor -}}
+{{- $old := .Values.tensorParallelSize -}}
+{{- if and (not (kindIs "invalid" $new)) (not (kindIs "invalid" $old)) (ne (int $new) (int $old)) -}}
+{{- fail (printf "parallelism.tensor (%d) and tensorParallelSize (%d) disagree: tensorParallelSize is the older name of parallelism.tensor; set only parallelism.tensor" (int $new) (int $old)) -}}
+{{- end -}}
+{{- ternary $old $new (kindIs "invalid" $new) | default 1 | int -}}
+{{- end -}}
+
+{{- define "ministream.pipelineParallelSize" -}}
+{{- .Values.parallelism.pipeline | int -}}
+{{- end -}}
+
+{{/*
+The vLLM container's command (args: ministream.vllmArgs). A multi-node leader: a Ray head,
+then vLLM as the container's main process; vLLM's Ray executor waits for the workers' GPUs to
+join the cluster (its placement group, up to 1800 s in vLLM 0.32) before it loads weights.
+The CPU build: the CPU image's entrypoint, which sizes the KV cache to fit the pod unless
+VLLM_CPU_KVCACHE_SPACE or vllm.gpuMemoryUtilization does (vLLM's own 0.92 of the memory
+limit refuses to start once the page cache holds 8 % of it), then execs the same server.
+*/}}
+{{/*
+The CPU build and every one-node pod with LoRA adapters start vLLM through ministream_sidecar.serve_vllm
+(KV cache sizing on CPU; adapters the fetch step refused left out of --lora-modules).
+*/}}
+{{- define "ministream.vllmModule" -}}
+{{- ternary "ministream_sidecar.serve_vllm" "vllm.entrypoints.openai.api_server" (or (eq .Values.accelerator.type "cpu") (eq (include "ministream.loraEnabled" .) "true")) -}}
+{{- end -}}
+
+{{- define "ministream.vllmCommand" -}}
+{{- if include "ministream.isMultiNode" . -}}
+- sh
+- -c
+- {{ printf "ray start --head --port=%s %s --include-dashboard=false && exec python3 -m %s \"$@\"" (include "ministream.rayPort" .) (include "ministream.rayNodeOptions" .) (include "ministream.vllmModule" .) | quote }}
+- vllm
+{{- else -}}
+- python3
+- -m
+- {{ include "ministream.vllmModule" . }}
+{{- end -}}
+{{- end -}}
 
 {{- define "ministream.vllmArgs" -}}
 - --model
