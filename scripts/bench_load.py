@@ -173,9 +173,36 @@ def prepare(args: argparse.Namespace, s3: S3Server, env: dict[str, str]) -> dict
 def run_path(
     name: str, args: argparse.Namespace, prep: dict[str, Any], env: dict[str, str], log_dir: Path
 ) -> dict[str, Any]:
+    target, tp, fmt, files = _path_target(name, args, prep)
+    weight_bytes = sum(p.stat().st_size for p in files)
+    evict_from_page_cache(files)  # local paths start cold, like a fresh node
+    log = log_dir / f"{name}.log"
+    log.unlink(missing_ok=True)
+    load_before = os.getloadavg()[0]
+    tail, started, healthy = _start_until_healthy(_server(target, tp, fmt, env, log), log)
+    return {
+        "path": name,
+        "tp": tp,
+        "load_format": fmt,
+        "target": target,
+        "weight_bytes": weight_bytes,
+        "health_s": healthy - started,
+        **_load_phases(tail, started, weight_bytes),
+        # 1-min load average at start and at /health: other engines share these 2 cores.
+        "loadavg_start": load_before,
+        "loadavg_healthy": os.getloadavg()[0],
+        "log": str(log),
+    }
+
+
+def _path_target(
+    name: str, args: argparse.Namespace, prep: dict[str, Any]
+) -> tuple[str, int, str, list[Path]]:
+    """What a loading path serves: its model argument, TP size, load format and the weight
+    files it reads."""
     model: Path = prep["model"]
     shards: Path = prep["shards"]
-    target, tp, fmt, files = {
+    return {
         "local": (str(model), 1, "auto", sorted(model.glob("*.safetensors"))),
         "runai_streamer": (
             "s3://bench/model",
@@ -196,14 +223,13 @@ def run_path(
             sorted(shards.glob("*.safetensors")),
         ),
     }[name]
-    weight_bytes = sum(p.stat().st_size for p in files)
-    evict_from_page_cache(files)  # local paths start cold, like a fresh node
-    log = log_dir / f"{name}.log"
-    log.unlink(missing_ok=True)
+
+
+def _server(target: str, tp: int, fmt: str, env: dict[str, str], log: Path) -> VLLMServer:
     server_env = dict(env)
     if tp == 2:
         server_env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    server = VLLMServer(
+    return VLLMServer(
         model=target,
         log_path=log,
         env=server_env,
@@ -219,10 +245,14 @@ def run_path(
             fmt,
         ],
     )
+
+
+def _start_until_healthy(server: VLLMServer, log: Path) -> tuple[LogTail, float, float]:
+    """Start `server` with its log tailed, wait for /health OK, stop it; return the tail and
+    the monotonic times of the start and of /health OK."""
     tail = LogTail(log)
     thread = threading.Thread(target=tail.run, daemon=True)
     thread.start()
-    load_before = os.getloadavg()[0]
     started = time.monotonic()
     server.start()
     try:
@@ -233,6 +263,11 @@ def run_path(
         tail.stop.set()
         thread.join()
         server.stop()
+    return tail, started, healthy
+
+
+def _load_phases(tail: LogTail, started: float, weight_bytes: int) -> dict[str, Any]:
+    """The start split by the log's markers (seconds from `started`, or vLLM's own figures)."""
     seen, values = tail.seen, tail.values
 
     def at(marker: str) -> float | None:
@@ -246,12 +281,6 @@ def run_path(
         weights_s = (done - built) if (done is not None and built is not None) else float("nan")
     kv_start, load_start = at("kv_start"), at("load_start")
     return {
-        "path": name,
-        "tp": tp,
-        "load_format": fmt,
-        "target": target,
-        "weight_bytes": weight_bytes,
-        "health_s": healthy - started,
         "engine_start_s": at("load_start"),
         "model_init_s": max(values.get("model_built", [float("nan")])),
         "weights_s": weights_s,
@@ -259,10 +288,6 @@ def run_path(
         # build + read + post-process (CPU repacking), measured from the log
         "load_total_s": (kv_start - load_start) if kv_start and load_start else None,
         "kv_cache_profile_s": max(values.get("engine_init", [float("nan")])),
-        # 1-min load average at start and at /health: other engines share these 2 cores.
-        "loadavg_start": load_before,
-        "loadavg_healthy": os.getloadavg()[0],
-        "log": str(log),
     }
 
 

@@ -154,42 +154,236 @@ def engine_error_ratio(selector: str, window: str) -> str:
     )
 
 
+# Shared by the serving pods' alert families below.
+_PER_POD = ("namespace", "pod")
+_PER_ENGINE = ("namespace", "pod", "model_name")
+_WHERE = "{{ $labels.namespace }}/{{ $labels.pod }}"
+_FLEET, _SERVING = "ministream.fleet", "ministream.serving"
+
+
 def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
     """The serving pods' (vLLM and the sidecar)."""
-    t = ALL_NAMESPACES
-    per_pod = ("namespace", "pod")
-    per_engine = ("namespace", "pod", "model_name")
-    not_draining = f"unless on (namespace, pod) ({sel(m.DRAINING, t)} == 1)"
-    where = "{{ $labels.namespace }}/{{ $labels.pod }}"
-    fleet, serving = "ministream.fleet", "ministream.serving"
+    return (
+        *_pod_health_alerts(p),
+        *_saturation_alerts(p),
+        *_failure_alerts(p),
+        *_drain_alerts(p),
+        *_rollout_alerts(p),
+    )
 
-    ready = agg("max", per_pod, sel(m.READY, t))
+
+def _pod_health_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """A pod that is not ready, still loading, failing its warmup or missing an adapter."""
+    t, where = ALL_NAMESPACES, _WHERE
+    not_draining = f"unless on (namespace, pod) ({sel(m.DRAINING, t)} == 1)"
+    ready = agg("max", _PER_POD, sel(m.READY, t))
     was_ready = sel(m.COLD_START, t, eq("phase", "total"))
-    upstream_up = agg("max", per_pod, sel(m.UPSTREAM_UP, t))
+    upstream_up = agg("max", _PER_POD, sel(m.UPSTREAM_UP, t))
     engine_started = sel(m.COLD_START, t, eq("phase", "engine_start"))
     warmup_failures = agg(
-        "sum", per_pod, increase(m.WARMUP_RUNS, t, p.warmup_window, eq("outcome", "failure"))
-    )
-    ttft_p95 = quantile(0.95, m.TTFT, t, "5m", ("namespace", "model_name"))
-    kv_usage = agg("max", per_engine, sel(m.KV_CACHE_USAGE, t))
-    waiting = agg("sum", per_engine, sel(m.WAITING, t))
-    waiting_trend = agg("sum", per_engine, f"deriv({sel(m.WAITING, t)}[{p.queue_trend_window}])")
-    preemptions = agg("sum", per_engine, rate(m.PREEMPTIONS, t, "5m"))
-    errors = p.error_ratio_threshold
-    kv_transfer_failures = agg(
-        "sum", per_engine, increase(m.NIXL_FAILED, t, p.kv_transfer_failure_window)
+        "sum", _PER_POD, increase(m.WARMUP_RUNS, t, p.warmup_window, eq("outcome", "failure"))
     )
     adapter_loaded = agg("min", ("namespace", "pod", "adapter"), sel(m.LORA_ADAPTER_LOADED, t))
-    drain_timeouts = agg("sum", per_pod, increase(m.DRAINS, t, "30m", eq("outcome", "timeout")))
+    return (
+        Alert(
+            "MiniStreamPodNotReady",
+            _FLEET,
+            f"({ready} == 0)\nand on (namespace, pod) {was_ready}\n{not_draining}",
+            p.not_ready_for,
+            "warning",
+            f"MiniStream pod {where} is not ready",
+            f"{where} was ready once, and its sidecar has reported not ready (without "
+            f"draining) for {p.not_ready_for}: vLLM /health fails, or vLLM restarted and "
+            "has not warmed up again. The Service sends it no traffic.",
+            "Read the reason in the sidecar's /readyz body and the vllm container's logs "
+            "and restarts.",
+        ),
+        Alert(
+            "MiniStreamLoadingStuck",
+            _FLEET,
+            f"({upstream_up} == 0)\nunless on (namespace, pod) {engine_started}\n{not_draining}",
+            p.loading_budget,
+            "warning",
+            f"MiniStream pod {where} has been loading for more than {p.loading_budget}",
+            f"vLLM in {where} has not answered /health OK since its sidecar started "
+            f"{p.loading_budget} ago: weights still loading (slow storage or S3), the engine "
+            "crashing in a loop, or the startupProbe killing it before it is done.",
+            "Look at the vllm container's logs and restarts; compare the load time with the "
+            "chart's startup budget.",
+        ),
+        Alert(
+            "MiniStreamWarmupFailing",
+            _FLEET,
+            f"{warmup_failures} > 0",
+            "0m",
+            "warning",
+            f"Warmup failed in {where}",
+            f"A warmup run in {where} used up all its attempts in the last {p.warmup_window}: "
+            "the pod stays unready. vLLM answers /health but cannot complete requests.",
+            "Read the sidecar's warmup log lines (last_error) and send one completion by hand.",
+        ),
+        Alert(
+            "MiniStreamLoraAdapterNotLoaded",
+            _FLEET,
+            f"{adapter_loaded} == 0",
+            p.lora_not_loaded_for,
+            "warning",
+            "LoRA adapter {{ $labels.adapter }} is not served by " + where,
+            "vLLM in " + where + " does not serve the configured LoRA adapter "
+            "{{ $labels.adapter }}: the fetch-adapters init container refused it (manifest, "
+            "base model, rank, targets or values) or could not load it. Requests naming it "
+            "get 404; the base model and the other adapters are served.",
+            "Read the reason in the fetch-adapters container's log (kubectl logs POD -c "
+            "fetch-adapters), fix or re-convert the adapter, then restart the pod.",
+        ),
+    )
+
+
+def _saturation_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """An engine with more work than it keeps up with: slow first tokens, a full KV cache,
+    a growing queue, preemptions."""
+    t, where = ALL_NAMESPACES, _WHERE
+    ttft_p95 = quantile(0.95, m.TTFT, t, "5m", ("namespace", "model_name"))
+    kv_usage = agg("max", _PER_ENGINE, sel(m.KV_CACHE_USAGE, t))
+    waiting = agg("sum", _PER_ENGINE, sel(m.WAITING, t))
+    waiting_trend = agg("sum", _PER_ENGINE, f"deriv({sel(m.WAITING, t)}[{p.queue_trend_window}])")
+    preemptions = agg("sum", _PER_ENGINE, rate(m.PREEMPTIONS, t, "5m"))
+    return (
+        Alert(
+            "MiniStreamTTFTAboveSLO",
+            _SERVING,
+            f"{ttft_p95}\n> {p.ttft_p95_slo_seconds:g}",
+            p.ttft_for,
+            "warning",
+            f"Time to first token p95 of {{{{ $labels.model_name }}}} above its SLO "
+            f"({p.ttft_p95_slo_seconds:g} s)",
+            "p95 time to first token of {{ $labels.model_name }} in {{ $labels.namespace }} "
+            "is {{ $value | humanizeDuration }}, above the SLO of "
+            f"{p.ttft_p95_slo_seconds:g} s for {p.ttft_for}.",
+            "Check queueing (running/waiting), KV-cache usage and preemptions on the Serving "
+            "dashboard; add replicas if the fleet is saturated.",
+        ),
+        Alert(
+            "MiniStreamKVCacheNearlyFull",
+            _SERVING,
+            f"{kv_usage}\n> {p.kv_cache_usage_threshold:g}",
+            p.kv_cache_for,
+            "warning",
+            f"KV cache of {where} above {p.kv_cache_usage_threshold:.0%}",
+            f"KV-cache usage of {where} is {{{{ $value | humanizePercentage }}}} "
+            f"(threshold {p.kv_cache_usage_threshold:.0%}) for {p.kv_cache_for}: new requests "
+            "will wait and running ones may be preempted.",
+            "Spread load over more replicas, lower max_num_seqs / max_model_len, or give the "
+            "KV cache more memory.",
+        ),
+        Alert(
+            "MiniStreamQueueGrowing",
+            _SERVING,
+            f"({waiting} > 0)\nand on (namespace, pod, model_name)\n({waiting_trend} > 0)",
+            p.queue_for,
+            "warning",
+            f"Request queue of {where} keeps growing",
+            f"{where} has {{{{ $value }}}} waiting requests, and the queue has grown over the "
+            f"last {p.queue_trend_window} for {p.queue_for}: requests arrive faster than the "
+            "pod serves them.",
+            "Scale out, or find why throughput dropped (preemptions, KV cache, a slow pod).",
+        ),
+        Alert(
+            "MiniStreamPreempting",
+            _SERVING,
+            f"{preemptions} > 0",
+            p.preemption_for,
+            "warning",
+            f"vLLM in {where} keeps preempting requests",
+            f'{where} has preempted {{{{ printf "%.2f" $value }}}} requests per second for '
+            f"{p.preemption_for}: the KV cache is too small for the concurrent load, and "
+            "preempted requests are computed again (latency and wasted compute).",
+            "Lower max_num_seqs, raise the KV-cache memory, or add replicas.",
+        ),
+    )
+
+
+def _failure_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """Requests that fail: P/D KV transfers, and HTTP or engine errors."""
+    t, where = ALL_NAMESPACES, _WHERE
+    errors = p.error_ratio_threshold
+    kv_transfer_failures = agg(
+        "sum", _PER_ENGINE, increase(m.NIXL_FAILED, t, p.kv_transfer_failure_window)
+    )
+    return (
+        Alert(
+            "MiniStreamKVTransfersFailing",
+            _SERVING,
+            f"{kv_transfer_failures} > 0",
+            "0m",
+            "warning",
+            f"KV-cache transfers fail in decode pod {where}",
+            f'{where} failed {{{{ printf "%.0f" $value }}}} NIXL KV transfers from prefill pods '
+            f"in the last {p.kv_transfer_failure_window}: each such request was failed or "
+            "recomputed on the decode pod (disaggregation.kvLoadFailurePolicy).",
+            "Check that the prefill pods run, that the NetworkPolicy admits NIXL's side channel "
+            "and UCX's ports between the pools, and the decode pod's log (NIXL handshake).",
+        ),
+        Alert(
+            "MiniStreamRequestErrors",
+            _SERVING,
+            f"(\n{api_error_ratio(t, '5m')}\n) > {errors:g}\n"
+            f"or\n(\n{engine_error_ratio(t, '5m')}\n) > {errors:g}",
+            p.errors_for,
+            "critical",
+            "MiniStream requests failing in {{ $labels.namespace }}",
+            "{{ $value | humanizePercentage }} of requests in {{ $labels.namespace }} failed "
+            "(HTTP 5xx from the OpenAI API, or finished by vLLM with an error) for "
+            f"{p.errors_for}; threshold {errors:.0%}.",
+            "Read vLLM's logs for the errors; check engine restarts and recent rollouts.",
+        ),
+    )
+
+
+def _drain_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """A drain that timed out, or is taking longer than its budget."""
+    t, where = ALL_NAMESPACES, _WHERE
+    drain_timeouts = agg("sum", _PER_POD, increase(m.DRAINS, t, "30m", eq("outcome", "timeout")))
     # `for:` on the instant gauge, not min_over_time(): a pod that finished draining and went
     # away leaves only draining=1 samples in any window, but its series turns stale at once.
-    draining = agg("max", per_pod, sel(m.DRAINING, t))
+    draining = agg("max", _PER_POD, sel(m.DRAINING, t))
     drain_fix = (
         "Raise sidecar.drainTimeoutSeconds (and the grace period) above the longest "
         "request, or cap max_tokens."
     )
+    return (
+        Alert(
+            "MiniStreamDrainTimingOut",
+            _FLEET,
+            f"{drain_timeouts} > 0",
+            "0m",
+            "warning",
+            f"Drain of {where} timed out",
+            f"{where} gave up waiting for vLLM to finish its requests (drain outcome timeout) "
+            "in the last 30m: requests still running were cut off when vLLM stopped.",
+            drain_fix,
+            labels=(("reason", "timeout"),),
+        ),
+        # Same alert, seen during the drain: the counter above moves only at its end, and the
+        # pod may be gone before the next scrape.
+        Alert(
+            "MiniStreamDrainTimingOut",
+            _FLEET,
+            f"{draining} == 1",
+            p.drain_budget,
+            "warning",
+            f"Drain of {where} is taking longer than {p.drain_budget}",
+            f"{where} has been draining for more than {p.drain_budget}: vLLM still has "
+            "running or waiting requests, and they will be cut off when the drain times out.",
+            drain_fix,
+            labels=(("reason", "over_budget"),),
+        ),
+    )
+
+
+def _rollout_alerts(p: AlertParams) -> tuple[Alert, ...]:
+    """A rollout that makes no progress: a Deployment's, or a LeaderWorkerSet's."""
     deployments, leader_sets = ALL_DEPLOYMENTS, ALL_STATEFULSETS
-    per_sts = ("namespace", "statefulset")
     stalled_deployment = agg(
         "max",
         ("namespace", "deployment"),
@@ -204,7 +398,7 @@ def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
     # pods updated than wanted, and that count unchanged for the whole budget.
     old_revision = agg(
         "max",
-        per_sts,
+        ("namespace", "statefulset"),
         f"{sel(m.STS_CURRENT_REVISION, leader_sets)}\n"
         f"unless on (namespace, statefulset, revision)\n"
         f"{sel(m.STS_UPDATE_REVISION, leader_sets)}",
@@ -221,162 +415,8 @@ def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
     )
     return (
         Alert(
-            "MiniStreamPodNotReady",
-            fleet,
-            f"({ready} == 0)\nand on (namespace, pod) {was_ready}\n{not_draining}",
-            p.not_ready_for,
-            "warning",
-            f"MiniStream pod {where} is not ready",
-            f"{where} was ready once, and its sidecar has reported not ready (without "
-            f"draining) for {p.not_ready_for}: vLLM /health fails, or vLLM restarted and "
-            "has not warmed up again. The Service sends it no traffic.",
-            "Read the reason in the sidecar's /readyz body and the vllm container's logs "
-            "and restarts.",
-        ),
-        Alert(
-            "MiniStreamLoadingStuck",
-            fleet,
-            f"({upstream_up} == 0)\nunless on (namespace, pod) {engine_started}\n{not_draining}",
-            p.loading_budget,
-            "warning",
-            f"MiniStream pod {where} has been loading for more than {p.loading_budget}",
-            f"vLLM in {where} has not answered /health OK since its sidecar started "
-            f"{p.loading_budget} ago: weights still loading (slow storage or S3), the engine "
-            "crashing in a loop, or the startupProbe killing it before it is done.",
-            "Look at the vllm container's logs and restarts; compare the load time with the "
-            "chart's startup budget.",
-        ),
-        Alert(
-            "MiniStreamWarmupFailing",
-            fleet,
-            f"{warmup_failures} > 0",
-            "0m",
-            "warning",
-            f"Warmup failed in {where}",
-            f"A warmup run in {where} used up all its attempts in the last {p.warmup_window}: "
-            "the pod stays unready. vLLM answers /health but cannot complete requests.",
-            "Read the sidecar's warmup log lines (last_error) and send one completion by hand.",
-        ),
-        Alert(
-            "MiniStreamLoraAdapterNotLoaded",
-            fleet,
-            f"{adapter_loaded} == 0",
-            p.lora_not_loaded_for,
-            "warning",
-            "LoRA adapter {{ $labels.adapter }} is not served by " + where,
-            "vLLM in " + where + " does not serve the configured LoRA adapter "
-            "{{ $labels.adapter }}: the fetch-adapters init container refused it (manifest, "
-            "base model, rank, targets or values) or could not load it. Requests naming it "
-            "get 404; the base model and the other adapters are served.",
-            "Read the reason in the fetch-adapters container's log (kubectl logs POD -c "
-            "fetch-adapters), fix or re-convert the adapter, then restart the pod.",
-        ),
-        Alert(
-            "MiniStreamTTFTAboveSLO",
-            serving,
-            f"{ttft_p95}\n> {p.ttft_p95_slo_seconds:g}",
-            p.ttft_for,
-            "warning",
-            f"Time to first token p95 of {{{{ $labels.model_name }}}} above its SLO "
-            f"({p.ttft_p95_slo_seconds:g} s)",
-            "p95 time to first token of {{ $labels.model_name }} in {{ $labels.namespace }} "
-            "is {{ $value | humanizeDuration }}, above the SLO of "
-            f"{p.ttft_p95_slo_seconds:g} s for {p.ttft_for}.",
-            "Check queueing (running/waiting), KV-cache usage and preemptions on the Serving "
-            "dashboard; add replicas if the fleet is saturated.",
-        ),
-        Alert(
-            "MiniStreamKVCacheNearlyFull",
-            serving,
-            f"{kv_usage}\n> {p.kv_cache_usage_threshold:g}",
-            p.kv_cache_for,
-            "warning",
-            f"KV cache of {where} above {p.kv_cache_usage_threshold:.0%}",
-            f"KV-cache usage of {where} is {{{{ $value | humanizePercentage }}}} "
-            f"(threshold {p.kv_cache_usage_threshold:.0%}) for {p.kv_cache_for}: new requests "
-            "will wait and running ones may be preempted.",
-            "Spread load over more replicas, lower max_num_seqs / max_model_len, or give the "
-            "KV cache more memory.",
-        ),
-        Alert(
-            "MiniStreamQueueGrowing",
-            serving,
-            f"({waiting} > 0)\nand on (namespace, pod, model_name)\n({waiting_trend} > 0)",
-            p.queue_for,
-            "warning",
-            f"Request queue of {where} keeps growing",
-            f"{where} has {{{{ $value }}}} waiting requests, and the queue has grown over the "
-            f"last {p.queue_trend_window} for {p.queue_for}: requests arrive faster than the "
-            "pod serves them.",
-            "Scale out, or find why throughput dropped (preemptions, KV cache, a slow pod).",
-        ),
-        Alert(
-            "MiniStreamPreempting",
-            serving,
-            f"{preemptions} > 0",
-            p.preemption_for,
-            "warning",
-            f"vLLM in {where} keeps preempting requests",
-            f'{where} has preempted {{{{ printf "%.2f" $value }}}} requests per second for '
-            f"{p.preemption_for}: the KV cache is too small for the concurrent load, and "
-            "preempted requests are computed again (latency and wasted compute).",
-            "Lower max_num_seqs, raise the KV-cache memory, or add replicas.",
-        ),
-        Alert(
-            "MiniStreamKVTransfersFailing",
-            serving,
-            f"{kv_transfer_failures} > 0",
-            "0m",
-            "warning",
-            f"KV-cache transfers fail in decode pod {where}",
-            f'{where} failed {{{{ printf "%.0f" $value }}}} NIXL KV transfers from prefill pods '
-            f"in the last {p.kv_transfer_failure_window}: each such request was failed or "
-            "recomputed on the decode pod (disaggregation.kvLoadFailurePolicy).",
-            "Check that the prefill pods run, that the NetworkPolicy admits NIXL's side channel "
-            "and UCX's ports between the pools, and the decode pod's log (NIXL handshake).",
-        ),
-        Alert(
-            "MiniStreamRequestErrors",
-            serving,
-            f"(\n{api_error_ratio(t, '5m')}\n) > {errors:g}\n"
-            f"or\n(\n{engine_error_ratio(t, '5m')}\n) > {errors:g}",
-            p.errors_for,
-            "critical",
-            "MiniStream requests failing in {{ $labels.namespace }}",
-            "{{ $value | humanizePercentage }} of requests in {{ $labels.namespace }} failed "
-            "(HTTP 5xx from the OpenAI API, or finished by vLLM with an error) for "
-            f"{p.errors_for}; threshold {errors:.0%}.",
-            "Read vLLM's logs for the errors; check engine restarts and recent rollouts.",
-        ),
-        Alert(
-            "MiniStreamDrainTimingOut",
-            fleet,
-            f"{drain_timeouts} > 0",
-            "0m",
-            "warning",
-            f"Drain of {where} timed out",
-            f"{where} gave up waiting for vLLM to finish its requests (drain outcome timeout) "
-            "in the last 30m: requests still running were cut off when vLLM stopped.",
-            drain_fix,
-            labels=(("reason", "timeout"),),
-        ),
-        # Same alert, seen during the drain: the counter above moves only at its end, and the
-        # pod may be gone before the next scrape.
-        Alert(
-            "MiniStreamDrainTimingOut",
-            fleet,
-            f"{draining} == 1",
-            p.drain_budget,
-            "warning",
-            f"Drain of {where} is taking longer than {p.drain_budget}",
-            f"{where} has been draining for more than {p.drain_budget}: vLLM still has "
-            "running or waiting requests, and they will be cut off when the drain times out.",
-            drain_fix,
-            labels=(("reason", "over_budget"),),
-        ),
-        Alert(
             "MiniStreamRolloutStalled",
-            fleet,
+            _FLEET,
             f"{stalled_deployment} == 1",
             "0m",
             "critical",
@@ -391,7 +431,7 @@ def serving_alerts(p: AlertParams) -> tuple[Alert, ...]:
         # Same alert for a multi-node release: its LeaderWorkerSet's leader StatefulSet.
         Alert(
             "MiniStreamRolloutStalled",
-            fleet,
+            _FLEET,
             f"{old_revision}\nand on (namespace, statefulset)\n({behind})\n"
             f"and on (namespace, statefulset)\n({unchanged})",
             p.rollout_stall_budget,
@@ -413,11 +453,11 @@ def router_alerts(p: AlertParams) -> tuple[Alert, ...]:
     r = ALL_ROUTERS
     group = "ministream.router"
     per_worker = ("namespace", "pod", "worker")
-    where = "{{ $labels.namespace }}/{{ $labels.pod }}"
+    where = _WHERE
     opened = agg("sum", per_worker, increase(m.ROUTER_CB_TRANSITIONS, r, "10m", eq("to", "open")))
     # With no replica left MiniStreamRouterNoWorkers speaks; this one stays quiet then.
     unhealthy = agg("min", per_worker, sel(m.ROUTER_WORKER_HEALTH, r))
-    active = agg("max", ("namespace", "pod"), sel(m.ROUTER_ACTIVE_WORKERS, r))
+    active = agg("max", _PER_POD, sel(m.ROUTER_ACTIVE_WORKERS, r))
     return (
         Alert(
             "MiniStreamRouterWorkerEjected",

@@ -46,6 +46,14 @@ def _percentiles(
     )
 
 
+def _rate_by(
+    title: str, description: str, metric: m.Metric, selector: str, label: str, *extra: str
+) -> Panel:
+    """Per second of `metric`, one stacked series for each value of `label`."""
+    target = Target(agg("sum", (label,), rate(metric, selector, W, *extra)), f"{{{{{label}}}}}")
+    return Panel(title, description, (target,), unit="reqps", stack=True)
+
+
 def prefix_cache_hit_rate(selector: str, window: str, labels: tuple[str, ...] = ()) -> str:
     return rate_ratio(m.PREFIX_HITS, m.PREFIX_QUERIES, selector, window, labels)
 
@@ -97,18 +105,13 @@ def _serving_throughput(params: AlertParams) -> Row:
                 ),
                 unit="short",
             ),
-            Panel(
+            _rate_by(
                 "Finished requests by reason",
                 "stop / length: normal; abort: the client left; "
                 "error: the engine failed the request.",
-                (
-                    Target(
-                        agg("sum", ("finished_reason",), rate(m.REQUEST_SUCCESS, VLLM, W)),
-                        "{{finished_reason}}",
-                    ),
-                ),
-                unit="reqps",
-                stack=True,
+                m.REQUEST_SUCCESS,
+                VLLM,
+                "finished_reason",
             ),
             Panel(
                 "Request errors",
@@ -183,17 +186,13 @@ def _serving_saturation(params: AlertParams) -> Row:
                 _percentiles(m.QUEUE_TIME, VLLM),
                 unit="s",
             ),
-            Panel(
+            _rate_by(
                 "OpenAI API responses by status",
                 "HTTP responses of vLLM's /v1 endpoints.",
-                (
-                    Target(
-                        agg("sum", ("status",), rate(m.HTTP_REQUESTS, POD, W, V1_HANDLERS)),
-                        "{{status}}",
-                    ),
-                ),
-                unit="reqps",
-                stack=True,
+                m.HTTP_REQUESTS,
+                POD,
+                "status",
+                V1_HANDLERS,
             ),
         ),
     )
@@ -546,17 +545,13 @@ def _router_traffic() -> Row:
     return Row(
         "Routing",
         (
-            Panel(
+            _rate_by(
                 "Requests per replica",
                 "Requests the routers sent to each serving pod (`worker` is its URL): with "
                 "cache_aware an uneven split is expected while prefixes differ.",
-                (
-                    Target(
-                        agg("sum", ("worker",), rate(m.ROUTER_REQUESTS, ROUTER, W)), "{{worker}}"
-                    ),
-                ),
-                unit="reqps",
-                stack=True,
+                m.ROUTER_REQUESTS,
+                ROUTER,
+                "worker",
             ),
             Panel(
                 "Prefix-cache routing hit rate",
@@ -567,18 +562,13 @@ def _router_traffic() -> Row:
                 unit="percentunit",
                 max=1,
             ),
-            Panel(
+            _rate_by(
                 "cache_aware decisions by outcome",
                 "prefix_hit, prefix_miss, load_imbalance (the load was too uneven: least "
                 "loaded replica), missing_tokens (no token ids to match).",
-                (
-                    Target(
-                        agg("sum", ("outcome",), rate(m.ROUTER_PREFIX_DECISIONS, ROUTER, W)),
-                        "{{outcome}}",
-                    ),
-                ),
-                unit="reqps",
-                stack=True,
+                m.ROUTER_PREFIX_DECISIONS,
+                ROUTER,
+                "outcome",
             ),
         ),
     )

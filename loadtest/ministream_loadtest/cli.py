@@ -40,7 +40,7 @@ from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
 from .fronts import FrontKind
 from .kube_play import KubePlayError
 from .reports import write_json
-from .rollout import Runtime
+from .rollout import RolloutConfig, Runtime
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 
 Subparsers = argparse._SubParsersAction  # what add_subparsers returns
@@ -558,25 +558,35 @@ def _check_front(args: argparse.Namespace) -> None:
     require_router()  # FileNotFoundError: main names the install step
 
 
-def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
-    from .rollout import RolloutConfig, run_rollout
-
-    cfg = RolloutConfig(
+def _rollout_config(args: argparse.Namespace, vllm_args: list[str], **more: Any) -> RolloutConfig:
+    """The rollout's settings from the flags `run` and `bad-release` share; `more` sets the
+    others."""
+    return RolloutConfig(
         pod=pod_run.from_args(args, vllm_args),
         replicas=args.replicas,
-        drain=args.drain,
-        control_restarts=args.control_restarts,
-        control_endpoint_lag=args.control_endpoint_lag,
         rollout_mode=args.rollout_mode,
-        restarts=args.restarts,
         rate=args.rate,
         input_tokens=args.input_tokens,
         output_tokens=args.output_tokens,
-        duration=args.duration,
         lead_in=args.lead_in,
         tail=args.tail,
         endpoint_lag=args.endpoint_lag,
         runtime=args.runtime,
+        **more,
+    )
+
+
+def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    from .rollout import run_rollout
+
+    cfg = _rollout_config(
+        args,
+        vllm_args,
+        drain=args.drain,
+        control_restarts=args.control_restarts,
+        control_endpoint_lag=args.control_endpoint_lag,
+        restarts=args.restarts,
+        duration=args.duration,
         front=args.front,
         router_policy=args.router_policy,
     )
@@ -618,21 +628,9 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
 
 def cmd_bad_release(args: argparse.Namespace, vllm_args: list[str]) -> int:
     from .bad_release import BAD_KINDS, BadReleaseConfig, run_bad_release, table
-    from .rollout import RolloutConfig
 
     cfg = BadReleaseConfig(
-        rollout=RolloutConfig(
-            pod=pod_run.from_args(args, vllm_args),
-            replicas=args.replicas,
-            rollout_mode=args.rollout_mode,
-            rate=args.rate,
-            input_tokens=args.input_tokens,
-            output_tokens=args.output_tokens,
-            lead_in=args.lead_in,
-            tail=args.tail,
-            endpoint_lag=args.endpoint_lag,
-            runtime=args.runtime,
-        ),
+        rollout=_rollout_config(args, vllm_args),
         kinds=tuple(args.kinds or BAD_KINDS),
         shards=args.shards,
         stall_seconds=args.stall_seconds,

@@ -101,6 +101,21 @@ def pod_manifest(
     restart_policy: str | None = None,
 ) -> PodManifest:
     """The rendered Deployment's (or Pod's) pod as a Pod podman 4.3 runs (module docstring)."""
+    result = _as_pod(rendered, name)
+    spec, translations = result.pod["spec"], result.translations
+    if restart_policy is not None:
+        rendered_policy = spec.get("restartPolicy", "Always")
+        spec["restartPolicy"] = restart_policy
+        _note(translations, f"restartPolicy {rendered_policy} -> {restart_policy}")
+    _move_native_sidecars(spec, translations)
+    _translate_containers(spec, translations, namespace, extra_env, env_container)
+    renamed = _translate_empty_dirs(result)
+    _split_sub_paths(spec, translations, renamed)
+    return result
+
+
+def _as_pod(rendered: Mapping[str, Any], name: str) -> PodManifest:
+    """A Pod named `name` with a copy of the rendered pod's spec and its labels."""
     if rendered.get("kind") == "Deployment":
         template = rendered["spec"]["template"]
         meta = {k: v for k, v in template.get("metadata", {}).items() if k in ("labels",)}
@@ -110,14 +125,13 @@ def pod_manifest(
         meta = {k: v for k, v in rendered.get("metadata", {}).items() if k in ("labels",)}
         spec = copy.deepcopy(rendered["spec"])
         translations = []
-    result = PodManifest(
+    return PodManifest(
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": spec},
         translations,
     )
-    if restart_policy is not None:
-        rendered_policy = spec.get("restartPolicy", "Always")
-        spec["restartPolicy"] = restart_policy
-        _note(translations, f"restartPolicy {rendered_policy} -> {restart_policy}")
+
+
+def _move_native_sidecars(spec: dict[str, Any], translations: list[str]) -> None:
     sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
     if sidecars:
         spec["initContainers"] = [c for c in spec["initContainers"] if c not in sidecars]
@@ -127,6 +141,16 @@ def pod_manifest(
             del c["restartPolicy"]
         spec["containers"] = sidecars + spec["containers"]
         _note(translations, "native sidecar (initContainer, restartPolicy Always) -> container")
+
+
+def _translate_containers(
+    spec: dict[str, Any],
+    translations: list[str],
+    namespace: str,
+    extra_env: Mapping[str, str] | None,
+    env_container: str,
+) -> None:
+    """The namespace's fieldRef as its value, no ports, the per-pod env added."""
     for container in spec.get("containers", []) + spec.get("initContainers", []):
         for env in container.get("env", []):
             ref = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
@@ -143,6 +167,12 @@ def pod_manifest(
                 {"name": k, "value": v} for k, v in extra_env.items()
             )
             _note(translations, f"per-pod env added to {env_container}: {sorted(extra_env)}")
+
+
+def _translate_empty_dirs(result: PodManifest) -> dict[str, str]:
+    """Rename disk emptyDirs `<pod>-<volume>` and turn memory ones into hostPaths on
+    /dev/shm; return the renames, old name to new."""
+    name, spec, translations = result.name, result.pod["spec"], result.translations
     renamed: dict[str, str] = {}
     for volume in spec.get("volumes", []):
         empty = volume.get("emptyDir")
@@ -156,6 +186,14 @@ def pod_manifest(
             del volume["emptyDir"]
             volume["hostPath"] = {"path": str(folder), "type": "Directory"}
             _note(translations, "emptyDir medium Memory -> hostPath on the host's /dev/shm (1777)")
+    return renamed
+
+
+def _split_sub_paths(
+    spec: dict[str, Any], translations: list[str], renamed: dict[str, str]
+) -> None:
+    """Mounts follow their volume's rename; a subPath of an emptyDir becomes an emptyDir of
+    its own (and the volume it was cut from goes when no mount is left on it)."""
     own: dict[str, dict[str, Any]] = {}  # emptyDirs split off by subPath
     for container in spec.get("containers", []) + spec.get("initContainers", []):
         for mount in container.get("volumeMounts", []):
@@ -171,7 +209,6 @@ def pod_manifest(
         spec["volumes"] = [
             v for v in spec["volumes"] if v["name"] in used or v["name"] not in renamed.values()
         ] + list(own.values())
-    return result
 
 
 # ------------------------------------------------------------------------------- podman

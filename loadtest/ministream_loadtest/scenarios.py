@@ -208,7 +208,37 @@ def load_scenario(path: Traversable) -> Scenario:
     )
     api = data.get("api", "completions")
     _require(api in ("completions", "chat"), path, f"api must be chat or completions, not {api!r}")
-    sweep = data.get("sweep")
+    sweep = _sweep(data.get("sweep"), path)
+    slo, attainment = _slo(data.get("slo") or {}, path)
+    temperature = data.get("temperature", 0.0)
+    _require(
+        temperature is None or isinstance(temperature, (int, float)),
+        path,
+        "temperature must be a number",
+    )
+    mix = _mix(data.get("mix") or {}, path)
+    return Scenario(
+        name=name,
+        api=api,
+        input_tokens=_positive_int(data, "input_tokens", path),
+        output_tokens=_positive_int(data, "output_tokens", path),
+        requests=_positive_int(data, "requests", path),
+        sweep=sweep,
+        slo=slo,
+        attainment=attainment,
+        range_ratio=_ratio(data.get("range_ratio", 0.0), path),
+        temperature=None if temperature is None else float(temperature),
+        description=str(data.get("description", "")),
+        path=str(path),
+        mix=mix,
+    )
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _sweep(sweep: Any, path: Traversable) -> Sweep:
     _require(
         isinstance(sweep, dict) and set(sweep) == {"mode", "values"},
         path,
@@ -222,9 +252,7 @@ def load_scenario(path: Traversable) -> Scenario:
     )
     values = sweep["values"]
     _require(
-        isinstance(values, list)
-        and bool(values)
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values),
+        isinstance(values, list) and bool(values) and all(map(_is_positive_number, values)),
         path,
         "sweep.values must be a non-empty list of positive numbers",
     )
@@ -234,7 +262,11 @@ def load_scenario(path: Traversable) -> Scenario:
             path,
             "concurrency sweep values must be whole numbers",
         )
-    slo = data.get("slo") or {}
+    return Sweep(mode=mode, values=tuple(float(v) for v in values))
+
+
+def _slo(slo: Any, path: Traversable) -> tuple[Slo, float]:
+    """The per-request objectives, and the share of requests that must meet them."""
     _require(
         isinstance(slo, dict) and set(slo) <= _SLO_KEYS,
         path,
@@ -252,38 +284,23 @@ def load_scenario(path: Traversable) -> Scenario:
         path,
         "slo.attainment must be in (0, 1]",
     )
-    temperature = data.get("temperature", 0.0)
-    _require(
-        temperature is None or isinstance(temperature, (int, float)),
-        path,
-        "temperature must be a number",
+    objectives = Slo(
+        ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"), e2el_ms=slo.get("e2el_ms")
     )
-    mix = data.get("mix") or {}
+    return objectives, float(attainment)
+
+
+def _mix(mix: Any, path: Traversable) -> tuple[tuple[str, float], ...]:
+    """(model, share) for each entry of `mix`, the weights made shares summing to 1."""
     _require(
         isinstance(mix, dict)
         and all(isinstance(k, str) and k for k in mix)
-        and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in mix.values()
-        ),
+        and all(map(_is_positive_number, mix.values())),
         path,
         "mix must map model names (`base` for the served model) to positive weights",
     )
     total = float(sum(mix.values())) if mix else 1.0
-    return Scenario(
-        name=name,
-        api=api,
-        input_tokens=_positive_int(data, "input_tokens", path),
-        output_tokens=_positive_int(data, "output_tokens", path),
-        requests=_positive_int(data, "requests", path),
-        sweep=Sweep(mode=mode, values=tuple(float(v) for v in values)),
-        slo=Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"), e2el_ms=slo.get("e2el_ms")),
-        attainment=float(attainment),
-        range_ratio=_ratio(data.get("range_ratio", 0.0), path),
-        temperature=None if temperature is None else float(temperature),
-        description=str(data.get("description", "")),
-        path=str(path),
-        mix=tuple((str(k), float(v) / total) for k, v in mix.items()),
-    )
+    return tuple((str(k), float(v) / total) for k, v in mix.items())
 
 
 def shipped_scenarios() -> list[Traversable]:

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ministream.checkpoint import open_raw_checkpoint
+from ministream.checkpoint import RawCheckpoint, RawTensors, open_raw_checkpoint
 from ministream.errors import CheckpointError, is_enospc
 from ministream.manifest import MANIFEST_NAME, Manifest, sha256_file
 from ministream.names import Slice, conversion_plan
@@ -219,82 +219,17 @@ def convert(
     check_replaceable(output, force)
 
     cfg = TrainConfig.load(train_config)
-    opened = open_raw_checkpoint(checkpoint, layout)
-    raw = opened.tensors
-    log.info(
-        "%s: %s, %d tensors%s",
-        checkpoint,
-        _FORMAT_NAMES[opened.format],
-        len(raw),
-        f" under {opened.prefix!r}" if opened.prefix else "",
-    )
-    check_raw_tensors(raw.shapes, cfg)
+    opened = _open_checkpoint(checkpoint, layout, cfg)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        plan = list(conversion_plan(cfg))
-        writer = _ShardWriter(tmp, max_bytes)
-        consumed: set[str] = set()
-        produced: set[str] = set()
-        total_bytes = sum(raw.numel(name) for name, _, _ in plan) * DTYPES[dtype].itemsize
-        with tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
-        ) as bar:
-            for raw_name, _, slices in plan:
-                assert raw_name not in consumed, raw_name
-                consumed.add(raw_name)
-                source = raw.pop(raw_name)  # drop our reference: the mapping can be released
-                for s in slices:
-                    tensor = source[s.start : s.stop].to(DTYPES[dtype]).contiguous()
-                    assert tuple(tensor.shape) == s.shape and s.hf not in produced, s
-                    writer.add(s.hf, tensor)
-                    produced.add(s.hf)
-                    if on_tensor is not None:
-                        on_tensor(s)
-                    bar.update(tensor.numel() * tensor.element_size())
-                del source
-        assert not raw, f"raw tensors left unconverted: {sorted(raw)}"
-        weight_map = writer.finish()
-        expected = {s.hf for _, _, slices in plan for s in slices}
-        assert produced == expected == weight_map.keys(), expected ^ produced
-        (tmp / "model.safetensors.index.json").write_text(
-            json.dumps(
-                {
-                    "metadata": {"total_size": total_bytes},
-                    "weight_map": dict(sorted(weight_map.items())),
-                },
-                indent=2,
-            )
-            + "\n"
+        n_tensors, n_files = _write_weights(
+            opened.tensors, cfg, tmp, max_bytes, dtype, progress=progress, on_tensor=on_tensor
         )
-        hf_config = cfg.to_hf(torch_dtype=dtype).to_dict()
-        # docs/architecture.md §1.2 names it; transformers 5 reads "dtype"
-        hf_config["torch_dtype"] = dtype
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps(
-                {
-                    "bos_token_id": cfg.bos_id,
-                    "eos_token_id": cfg.eos_id,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        _write_configs(tmp, cfg, dtype)
         _copy_tokenizer(Path(tokenizer), tmp, cfg.vocab_size)
-        manifest = Manifest.build(
-            tmp,
-            dtype=dtype,
-            source={
-                "checkpoint": Path(checkpoint).name,
-                "checkpoint_sha256": opened.sha256(),
-                "checkpoint_format": opened.format,
-                "checkpoint_prefix": opened.prefix,
-                "train_config_sha256": sha256_file(train_config),
-            },
-        )
-        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+        manifest = _write_manifest(tmp, dtype, checkpoint, opened, train_config)
         make_world_readable(tmp)
         replace_dir(tmp, output, force=force)
     except BaseException as exc:
@@ -306,4 +241,111 @@ def convert(
                 f"removed and {output} was left as it was. Free space or pick another --output."
             ) from exc
         raise
-    return ConvertResult(output, manifest, len(produced), len(writer.files))
+    return ConvertResult(output, manifest, n_tensors, n_files)
+
+
+def _open_checkpoint(
+    checkpoint: str | Path, layout: Layout | None, cfg: TrainConfig
+) -> RawCheckpoint:
+    """Open the raw checkpoint, say what was found, and check its tensors against `cfg`."""
+    opened = open_raw_checkpoint(checkpoint, layout)
+    log.info(
+        "%s: %s, %d tensors%s",
+        checkpoint,
+        _FORMAT_NAMES[opened.format],
+        len(opened.tensors),
+        f" under {opened.prefix!r}" if opened.prefix else "",
+    )
+    check_raw_tensors(opened.tensors.shapes, cfg)
+    return opened
+
+
+def _write_weights(
+    raw: RawTensors,
+    cfg: TrainConfig,
+    out: Path,
+    max_bytes: int,
+    dtype: str,
+    *,
+    progress: bool,
+    on_tensor: Callable[[Slice], None] | None,
+) -> tuple[int, int]:
+    """Stream every raw tensor through the conversion plan into safetensors shards and their
+    index; return how many tensors and files were written."""
+    plan = list(conversion_plan(cfg))
+    writer = _ShardWriter(out, max_bytes)
+    consumed: set[str] = set()
+    produced: set[str] = set()
+    total_bytes = sum(raw.numel(name) for name, _, _ in plan) * DTYPES[dtype].itemsize
+    with tqdm(
+        total=total_bytes, unit="B", unit_scale=True, desc="convert", disable=not progress
+    ) as bar:
+        for raw_name, _, slices in plan:
+            assert raw_name not in consumed, raw_name
+            consumed.add(raw_name)
+            source = raw.pop(raw_name)  # drop our reference: the mapping can be released
+            for s in slices:
+                tensor = source[s.start : s.stop].to(DTYPES[dtype]).contiguous()
+                assert tuple(tensor.shape) == s.shape and s.hf not in produced, s
+                writer.add(s.hf, tensor)
+                produced.add(s.hf)
+                if on_tensor is not None:
+                    on_tensor(s)
+                bar.update(tensor.numel() * tensor.element_size())
+            del source
+    assert not raw, f"raw tensors left unconverted: {sorted(raw)}"
+    weight_map = writer.finish()
+    expected = {s.hf for _, _, slices in plan for s in slices}
+    assert produced == expected == weight_map.keys(), expected ^ produced
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {"total_size": total_bytes},
+                "weight_map": dict(sorted(weight_map.items())),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return len(produced), len(writer.files)
+
+
+def _write_configs(out: Path, cfg: TrainConfig, dtype: str) -> None:
+    """`config.json` (the HF config vLLM reads) and `generation_config.json`."""
+    hf_config = cfg.to_hf(torch_dtype=dtype).to_dict()
+    # docs/architecture.md §1.2 names it; transformers 5 reads "dtype"
+    hf_config["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": cfg.bos_id,
+                "eos_token_id": cfg.eos_id,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def _write_manifest(
+    out: Path,
+    dtype: str,
+    checkpoint: str | Path,
+    opened: RawCheckpoint,
+    train_config: str | Path,
+) -> Manifest:
+    """The manifest of everything in `out`, naming the checkpoint it was converted from."""
+    manifest = Manifest.build(
+        out,
+        dtype=dtype,
+        source={
+            "checkpoint": Path(checkpoint).name,
+            "checkpoint_sha256": opened.sha256(),
+            "checkpoint_format": opened.format,
+            "checkpoint_prefix": opened.prefix,
+            "train_config_sha256": sha256_file(train_config),
+        },
+    )
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return manifest

@@ -302,10 +302,36 @@ def shard(
         _check_force(output)
     existing = None if force else _existing(output)
     if existing is not None:
-        wanted = (layout, manifest.model_hash, dtype)
-        have = (existing.layout, existing.source_model_hash, existing.dtype)
-        if have == wanted:
-            return ShardResult(output, existing, True, time.monotonic() - started)
+        _check_same_shard_set(existing, output, (layout, manifest.model_hash, dtype))
+        return ShardResult(output, existing, True, time.monotonic() - started)
+
+    staging = _staging_dir(output)
+    # Rank logs: removed on success, kept (and named in the error) when a rank fails.
+    work = Path(tempfile.mkdtemp(prefix="ministream-shard-work-"))
+    succeeded = False
+    try:
+        spec = _rank_spec(model, layout, dtype, manifest.model_hash, max_part_bytes, staging)
+        results = _run_ranks(spec, work, progress)
+        info = _write_shard_set(staging, model, manifest, layout, results)
+        _publish(staging, output, force=force, progress=progress)
+        succeeded = True
+    except BaseException as exc:
+        if is_enospc(exc):
+            raise _no_space(output, exc) from exc
+        raise
+    finally:
+        if succeeded:
+            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+    return ShardResult(output, info, False, time.monotonic() - started)
+
+
+def _check_same_shard_set(
+    existing: ShardSetInfo, output: str, wanted: tuple[Layout, str, str]
+) -> None:
+    """An existing shard set is reused only for the same layout, model and dtype."""
+    have = (existing.layout, existing.source_model_hash, existing.dtype)
+    if have != wanted:
         raise ShardError(
             f"{output} already holds a shard set for {have[0]} of model "
             f"{have[1][:16]} in {have[2]}; this run is for {wanted[0]} of model "
@@ -313,83 +339,106 @@ def shard(
             "--output."
         )
 
-    if is_s3(output):
-        staging = Path(tempfile.mkdtemp(prefix="ministream-shard-"))
-    else:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(
-            tempfile.mkdtemp(prefix=f".{Path(output).name}.partial-", dir=Path(output).parent)
-        )
-    # Rank logs: removed on success, kept (and named in the error) when a rank fails.
-    work = Path(tempfile.mkdtemp(prefix="ministream-shard-work-"))
-    succeeded = False
-    try:
-        spec = {
-            "model": model,
-            "tensor_parallel_size": tensor_parallel_size,
-            "pipeline_parallel_size": pipeline_parallel_size,
-            "dtype": dtype,
-            "load_format": "runai_streamer" if is_s3(model) else "safetensors",
-            "port": _free_port(),
-            "output": str(staging),
-            "model_hash": manifest.model_hash,
-            "max_part_bytes": max_part_bytes,
-            "verify": True,
-        }
-        results = _run_ranks(spec, work, progress)
-        files = {}
-        for result in results:
-            for name in result["files"]:
-                path = staging / name
-                files[name] = {
-                    "rank": result["rank"],
-                    "pp_rank": result["pp_rank"],
-                    "size": path.stat().st_size,
-                    "sha256": sha256_file(path),
-                }
-        _copy_side_files(model, manifest, staging)
-        info = ShardSetInfo(
-            tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=pipeline_parallel_size,
-            source_model_hash=manifest.model_hash,
-            source=model,
-            config_sha256=sha256_file(staging / "config.json"),
-            dtype=results[0]["dtype"],
-            vllm_version=vllm_version(),
-            ministream_version=converter_version(),
-            files=files,
-        )
-        (staging / SHARDS_META_NAME).write_text(info.to_json())
-        shard_manifest = Manifest.build(
-            staging,
-            source={
-                "shard_set_of": manifest.model_hash,
-                "tensor_parallel_size": tensor_parallel_size,
-                "pipeline_parallel_size": pipeline_parallel_size,
-                "source": model,
-            },
-            dtype=info.dtype,
-        )
-        (staging / MANIFEST_NAME).write_text(shard_manifest.to_json())
-        make_world_readable(staging)
-        if is_s3(output):
-            from ministream.upload import upload
 
-            upload(staging, output, delete_stray=force, progress=progress)
-        else:
-            replace_dir(staging, Path(output), force=force)
-        succeeded = True
-    except BaseException as exc:
-        if is_enospc(exc):
-            where = "the staging directory" if is_s3(output) else str(Path(output).parent)
-            raise ShardError(
-                f"no space left on the device of {where} while sharding ({exc}); the partial "
-                f"shard set was removed and {output} was left as it was. Free space, or pick "
-                "another --output (an S3 output stages in $TMPDIR)."
-            ) from exc
-        raise
-    finally:
-        if succeeded:
-            shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(staging, ignore_errors=True)
-    return ShardResult(output, info, False, time.monotonic() - started)
+def _staging_dir(output: str) -> Path:
+    """Where the ranks write: beside a local output (renamed into place in one step), or in
+    $TMPDIR for an S3 output (uploaded from there)."""
+    if is_s3(output):
+        return Path(tempfile.mkdtemp(prefix="ministream-shard-"))
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{Path(output).name}.partial-", dir=Path(output).parent))
+
+
+def _rank_spec(
+    model: str,
+    layout: Layout,
+    dtype: str,
+    model_hash: str,
+    max_part_bytes: int,
+    staging: Path,
+) -> dict[str, Any]:
+    """What every rank process reads (`ministream.shard_worker`)."""
+    return {
+        "model": model,
+        "tensor_parallel_size": layout.tp,
+        "pipeline_parallel_size": layout.pp,
+        "dtype": dtype,
+        "load_format": "runai_streamer" if is_s3(model) else "safetensors",
+        "port": _free_port(),
+        "output": str(staging),
+        "model_hash": model_hash,
+        "max_part_bytes": max_part_bytes,
+        "verify": True,
+    }
+
+
+def _rank_files(results: list[dict[str, Any]], staging: Path) -> dict[str, dict[str, Any]]:
+    """Each file the ranks wrote, with the rank that wrote it, its size and sha256."""
+    files = {}
+    for result in results:
+        for name in result["files"]:
+            path = staging / name
+            files[name] = {
+                "rank": result["rank"],
+                "pp_rank": result["pp_rank"],
+                "size": path.stat().st_size,
+                "sha256": sha256_file(path),
+            }
+    return files
+
+
+def _write_shard_set(
+    staging: Path,
+    model: str,
+    manifest: Manifest,
+    layout: Layout,
+    results: list[dict[str, Any]],
+) -> ShardSetInfo:
+    """Complete the ranks' files in `staging` into a shard set: the source's side files,
+    `ministream_shards.json` and the manifest."""
+    files = _rank_files(results, staging)
+    _copy_side_files(model, manifest, staging)
+    info = ShardSetInfo(
+        tensor_parallel_size=layout.tp,
+        pipeline_parallel_size=layout.pp,
+        source_model_hash=manifest.model_hash,
+        source=model,
+        config_sha256=sha256_file(staging / "config.json"),
+        dtype=results[0]["dtype"],
+        vllm_version=vllm_version(),
+        ministream_version=converter_version(),
+        files=files,
+    )
+    (staging / SHARDS_META_NAME).write_text(info.to_json())
+    shard_manifest = Manifest.build(
+        staging,
+        source={
+            "shard_set_of": manifest.model_hash,
+            "tensor_parallel_size": layout.tp,
+            "pipeline_parallel_size": layout.pp,
+            "source": model,
+        },
+        dtype=info.dtype,
+    )
+    (staging / MANIFEST_NAME).write_text(shard_manifest.to_json())
+    return info
+
+
+def _publish(staging: Path, output: str, *, force: bool, progress: bool) -> None:
+    """Put the finished shard set at `output`: renamed into place, or uploaded (manifest last)."""
+    make_world_readable(staging)
+    if is_s3(output):
+        from ministream.upload import upload
+
+        upload(staging, output, delete_stray=force, progress=progress)
+    else:
+        replace_dir(staging, Path(output), force=force)
+
+
+def _no_space(output: str, exc: BaseException) -> ShardError:
+    where = "the staging directory" if is_s3(output) else str(Path(output).parent)
+    return ShardError(
+        f"no space left on the device of {where} while sharding ({exc}); the partial "
+        f"shard set was removed and {output} was left as it was. Free space, or pick "
+        "another --output (an S3 output stages in $TMPDIR)."
+    )

@@ -51,56 +51,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics = SidecarMetrics()
-        state = ServingState(
-            metrics=metrics,
-            process_start=app_settings.process_start_time or process_start_time(),
-            liveness_failure_threshold=app_settings.liveness_failure_threshold,
-        )
-        client = VLLMClient(
-            app_settings.vllm_url,
-            api_key=app_settings.api_key.get_secret_value() if app_settings.api_key else None,
-            health_timeout=app_settings.health_timeout_seconds,
-            transport=transport,
-        )
-        events = event_recorder or build_event_recorder(app_settings, metrics)
-        ctx = SidecarContext(app_settings, client, state, metrics, events)
-        resolver = ModelResolver(ctx)
-        warmup = WarmupRunner(ctx, resolve_model=resolver)
-        drainer = Drainer(ctx)
-        monitor = HealthMonitor(ctx, warmup=warmup, resolve_model=resolver)
-        app.state.settings = app_settings
-        app.state.metrics = metrics
-        app.state.serving = state
-        app.state.vllm = client
-        app.state.events = events
-        app.state.warmup = warmup
-        app.state.drainer = drainer
-        app.state.monitor = monitor
-        log.info(
-            "sidecar started",
-            extra={
-                "vllm_url": app_settings.vllm_url,
-                "model": app_settings.model_name or None,
-                "token_configured": app_settings.token is not None,
-                "control_from_network": app_settings.control_from_network,
-                "version": __version__,
-            },
-        )
-        start_prefetch(app_settings.prefetch_paths, partial(_record_prefetch, metrics))
+        ctx = _build_context(app_settings, transport, event_recorder)
+        monitor = _install(app, ctx)
+        _log_started(app_settings)
+        start_prefetch(app_settings.prefetch_paths, partial(_record_prefetch, ctx.metrics))
         monitor_task = asyncio.create_task(monitor.run()) if run_monitor else None
         try:
             yield
         finally:
-            if monitor_task is not None:
-                monitor_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await monitor_task
-            await warmup.aclose()
-            await drainer.aclose()
-            await events.aclose()
-            await client.aclose()
-            log.info("sidecar stopped")
+            await _stop(app, monitor_task)
 
     app = FastAPI(
         title="MiniStream sidecar",
@@ -120,6 +79,73 @@ def create_app(
         )
     )
     return app
+
+
+def _build_context(
+    settings: SidecarSettings,
+    transport: httpx.AsyncBaseTransport | None,
+    event_recorder: EventRecorder | None,
+) -> SidecarContext:
+    """The metrics, serving state, vLLM client and event recorder the workers share."""
+    metrics = SidecarMetrics()
+    state = ServingState(
+        metrics=metrics,
+        process_start=settings.process_start_time or process_start_time(),
+        liveness_failure_threshold=settings.liveness_failure_threshold,
+    )
+    client = VLLMClient(
+        settings.vllm_url,
+        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+        health_timeout=settings.health_timeout_seconds,
+        transport=transport,
+    )
+    events = event_recorder or build_event_recorder(settings, metrics)
+    return SidecarContext(settings, client, state, metrics, events)
+
+
+def _install(app: FastAPI, ctx: SidecarContext) -> HealthMonitor:
+    """Build the workers around `ctx` and hang everything the endpoints reach on `app.state`
+    (api/deps.py); return the monitor, whose loop the lifespan runs."""
+    resolver = ModelResolver(ctx)
+    warmup = WarmupRunner(ctx, resolve_model=resolver)
+    drainer = Drainer(ctx)
+    monitor = HealthMonitor(ctx, warmup=warmup, resolve_model=resolver)
+    app.state.settings = ctx.settings
+    app.state.metrics = ctx.metrics
+    app.state.serving = ctx.state
+    app.state.vllm = ctx.client
+    app.state.events = ctx.events
+    app.state.warmup = warmup
+    app.state.drainer = drainer
+    app.state.monitor = monitor
+    return monitor
+
+
+def _log_started(settings: SidecarSettings) -> None:
+    log.info(
+        "sidecar started",
+        extra={
+            "vllm_url": settings.vllm_url,
+            "model": settings.model_name or None,
+            "token_configured": settings.token is not None,
+            "control_from_network": settings.control_from_network,
+            "version": __version__,
+        },
+    )
+
+
+async def _stop(app: FastAPI, monitor_task: asyncio.Task[None] | None) -> None:
+    """Stop the monitor's loop, then close the workers and the clients `_install` hung on
+    `app.state`, in that order."""
+    if monitor_task is not None:
+        monitor_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor_task
+    await app.state.warmup.aclose()
+    await app.state.drainer.aclose()
+    await app.state.events.aclose()
+    await app.state.vllm.aclose()
+    log.info("sidecar stopped")
 
 
 def _record_prefetch(metrics: SidecarMetrics, result: PrefetchResult) -> None:

@@ -55,10 +55,27 @@ INFO_LABELS = ("model", "revision", "load_format", "tensor_parallel_size")
 
 
 class SidecarMetrics:
-    """All `ministream_*` metric objects, bound to one private registry."""
+    """All `ministream_*` metric objects, bound to one private registry.
+
+    Created concern by concern, in the order the exposition lists them."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._add_state()
+        self._add_cold_start()
+        self._add_drain()
+        self._add_upstream_checks()
+        self._add_pod_facts()
+        # Create every labelled child up front: a series that exists at 0 lets `rate()` and
+        # alerts see the first increment, and the exposition always carries every name.
+        for outcome in Outcome:
+            self.warmup_requests.labels(outcome.value)
+            self.warmup_runs.labels(outcome.value)
+            self.kubernetes_events.labels(outcome.value)
+        for drain_outcome in DrainOutcome:
+            self.drains.labels(drain_outcome.value)
+
+    def _add_state(self) -> None:
         r = self.registry
         self.ready = Gauge("ministream_ready", "1 when /readyz answers 200, else 0.", registry=r)
         self.draining = Gauge(
@@ -67,6 +84,10 @@ class SidecarMetrics:
         self.upstream_up = Gauge(
             "ministream_upstream_up", "1 when the last vLLM /health check passed.", registry=r
         )
+
+    def _add_cold_start(self) -> None:
+        """The cold start's phases, and the warmup that ends it."""
+        r = self.registry
         self.cold_start_phase_seconds = Gauge(
             "ministream_cold_start_phase_seconds",
             "Duration of each cold-start phase: engine_start (process start to vLLM healthy), "
@@ -94,6 +115,9 @@ class SidecarMetrics:
             ["outcome"],
             registry=r,
         )
+
+    def _add_drain(self) -> None:
+        r = self.registry
         self.drain_duration_seconds = Histogram(
             "ministream_drain_duration_seconds",
             "Time from the start of a drain until vLLM was idle or the timeout passed.",
@@ -103,6 +127,10 @@ class SidecarMetrics:
         self.drains = Counter(
             "ministream_drains", "Drains, by outcome (idle or timeout).", ["outcome"], registry=r
         )
+
+    def _add_upstream_checks(self) -> None:
+        """vLLM /health checks that failed."""
+        r = self.registry
         self.upstream_health_failures = Counter(
             "ministream_upstream_health_failures",
             "Failed vLLM /health checks (background loop and /readyz).",
@@ -114,6 +142,10 @@ class SidecarMetrics:
             "they count towards neither liveness nor readiness.",
             registry=r,
         )
+
+    def _add_pod_facts(self) -> None:
+        """What the pod serves, the Events it reported and its page-cache prefetch."""
+        r = self.registry
         self.info = Gauge(
             "ministream_info",
             "Constant 1, labelled with what this pod serves.",
@@ -144,14 +176,6 @@ class SidecarMetrics:
             "Duration of that read (0 until it is done, or when off).",
             registry=r,
         )
-        # Create every labelled child up front: a series that exists at 0 lets `rate()` and
-        # alerts see the first increment, and the exposition always carries every name.
-        for outcome in Outcome:
-            self.warmup_requests.labels(outcome.value)
-            self.warmup_runs.labels(outcome.value)
-            self.kubernetes_events.labels(outcome.value)
-        for drain_outcome in DrainOutcome:
-            self.drains.labels(drain_outcome.value)
 
     def set_info(
         self, *, model: str, revision: str, load_format: str, tensor_parallel_size: int
