@@ -19,6 +19,7 @@ import pytest
 
 from ministream_sidecar import cpu_memory
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
+from tests.support import tools
 from tests.support.scripts import GPU_SCRIPTS, SCRIPTS, ScriptImporter
 
 ROOT = SCRIPTS.parent
@@ -221,9 +222,7 @@ spec:
 def test_committed_chart_defaults_match_the_chart(name: str) -> None:
     """scripts/gpu/chart-defaults*.json are what `helm template` renders today (the H200 one
     with the `--set` values it records, which give h200.sh the chart's KV-cache size)."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     committed = json.loads((GPU_SCRIPTS / name).read_text())
     sets = [a for kv in committed.get("set", []) for a in ("--set", kv)]
     fresh = subprocess.run(
@@ -242,9 +241,7 @@ def test_committed_chart_defaults_match_the_chart(name: str) -> None:
 
 def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) -> None:
     """A value the chart refuses: helm's reason on stderr, exit 2, `--out` left as it was."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     out = tmp_path / "chart-defaults-h200.json"
     out.write_text("{}\n")
     args = ["--out", str(out), "--set", "accelerator.memoryGiB=1", "--set", "model.sizeGiB=3"]
@@ -261,9 +258,7 @@ def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) ->
 def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
     """scripts/gpu/chart-router.json (the router's arguments for the GPU host, which has no
     helm) is what `helm template` renders today."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     fresh = tmp_path / "chart-router.json"
     subprocess.run(
         [
