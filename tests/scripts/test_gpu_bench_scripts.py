@@ -119,7 +119,7 @@ def _cold_run(name: str, ready: float, imports: float, ok: bool = True) -> dict:
     }
 
 
-def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-untyped-def]
+def test_cold_start_summary_groups_repeats_with_spreads(
     import_script: ScriptImporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cold = import_script("cold_start")
@@ -147,7 +147,7 @@ def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-unty
     assert rows[2].endswith("| 3/3 |")
 
 
-def test_cold_start_pairs_matches_repeats_within_a_call(  # type: ignore[no-untyped-def]
+def test_cold_start_pairs_matches_repeats_within_a_call(
     import_script: ScriptImporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cold = import_script("cold_start")
