@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import tools
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 CHART_README = (ROOT / "charts" / "ministream" / "README.md").read_text()
@@ -68,7 +70,7 @@ def test_the_chart_readme_has_install_examples() -> None:
 @pytest.mark.parametrize("command", INSTALLS)
 def test_each_chart_readme_install_renders_with_current_value_names(command: str) -> None:
     if not HELM.exists():
-        pytest.fail("helm is not installed: run scripts/install_tools.sh", pytrace=False)
+        tools.missing_tool("helm is not installed: run scripts/install_tools.sh")
     words = shlex.split(command)
     assert words[:4] == ["helm", "install", "ms", "charts/ministream"], command
     sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.support import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"
@@ -48,7 +49,7 @@ def helm_binary(major: int) -> str:
         path = _find([name])
         if path and helm_major(path) == major:
             return path
-    pytest.fail(f"helm {major} not found in .tools/bin or PATH: {INSTALL_HINT}", pytrace=False)
+    tools.missing_tool(f"helm {major} not found in .tools/bin or PATH: {INSTALL_HINT}")
 
 
 @functools.cache

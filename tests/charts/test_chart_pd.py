@@ -14,7 +14,6 @@ compares the selectors it is given with the pods' labels.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Any
 
 import pytest
 from chartkit import CHART, POOL_LABEL, HelmError, Rendered, render
+
+from tests.support import tools
 
 PD = CHART / "ci" / "pd-values.yaml"
 POOLS = ("prefill", "decode")
@@ -221,8 +222,7 @@ def test_router_finds_each_pool_by_its_own_labels(pd: Rendered) -> None:
 
 
 def test_router_command_line_parses_with_vllm_routers_parser(pd: Rendered) -> None:
-    if importlib.util.find_spec("vllm_router") is None:
-        pytest.skip("vllm-router is not installed (the project's `router` extra)")
+    tools.vllm_router()
     from vllm_router.launch_router import parse_router_args
 
     args = [a.replace("$(VLLM_API_KEY)", "k") for a in router_args(pd)]

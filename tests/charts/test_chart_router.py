@@ -6,13 +6,12 @@ serving pods' NetworkPolicy lets it in on 8000.
 
 No Kubernetes API server runs here: the router's pod watch cannot be exercised, so the test
 reads the selector it is given and compares it with the pods' labels. Its command line is
-parsed by vllm-router's own argument parser where the wheel is installed (the `router`
-extra).
+parsed by vllm-router's own argument parser (the `router` extra; a missing wheel fails with
+the hint that installs it).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ import kubernetes_validate
 import pytest
 from chartkit import CHART, KUBE_VERSIONS, NAMESPACE, HelmError, Rendered, render
 from test_chart_scenarios import validate_monitoring
+
+from tests.support import tools
 
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 MULTI = CHART / "ci" / "multinode-2x8-values.yaml"
@@ -135,8 +136,7 @@ def test_schema_refuses_a_managed_flag_in_extra_args(tmp_path: Path) -> None:
 
 def test_every_policy_of_the_schema_is_one_vllm_router_accepts() -> None:
     """The schema's enum against the installed wheel's own choices (router extra)."""
-    if importlib.util.find_spec("vllm_router") is None:
-        pytest.skip("vllm-router is not installed (the project's `router` extra)")
+    tools.vllm_router()
     from vllm_router.launch_router import parse_router_args
 
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -189,8 +189,7 @@ def test_policy_and_knobs_reach_the_command_line(tmp_path: Path) -> None:
 
 
 def test_command_line_parses_with_vllm_routers_parser(routed: Rendered) -> None:
-    if importlib.util.find_spec("vllm_router") is None:
-        pytest.skip("vllm-router is not installed (the project's `router` extra)")
+    tools.vllm_router()
     from vllm_router.launch_router import parse_router_args
 
     container = router_container(routed)

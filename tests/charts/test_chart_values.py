@@ -1,19 +1,17 @@
 """Bad values are refused, by the schema (values.schema.json, the chart's one validation:
 `--skip-schema-validation` skips it) or by one of the few template `fail`s, with a message
-that names the value; the values table of the README is generated from values.yaml and up
-to date."""
+that names the value. (The README's values table, generated from values.yaml:
+tests/scripts/test_chart_docs.py.)"""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from chartkit import CHART, ROOT, HelmError, render, run_helm
+from chartkit import CHART, HelmError, render, run_helm
 
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 S3: dict[str, Any] = {
@@ -316,31 +314,6 @@ def test_worker_multiproc_method_reaches_vllm_and_its_workers(
         for container in engines:
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             assert env["VLLM_WORKER_MULTIPROC_METHOD"] == (method or "fork"), container["name"]
-
-
-# ---------------------------------------------------------------- docs
-
-
-def test_readme_values_table_is_up_to_date() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "chart_docs.py"), "--check"],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_docs_check_catches_an_undocumented_value(tmp_path: Path) -> None:
-    chart = tmp_path / "ministream"
-    shutil.copytree(CHART, chart)
-    values = chart / "values.yaml"
-    values.write_text(values.read_text() + "\nundocumentedKnob: 3\n")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "chart_docs.py"), "--check", "--chart", str(chart)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 1 and "undocumentedKnob" in proc.stderr
 
 
 def test_new_dashboard_and_rule_files_are_picked_up(tmp_path: Path) -> None:

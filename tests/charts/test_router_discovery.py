@@ -12,7 +12,6 @@ The pod's labels are the rendered serving pod's, the selector the rendered route
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
@@ -30,9 +29,10 @@ from chartkit import CHART, NAMESPACE, render
 
 from ministream_observability import catalog
 from ministream_testkit.net import free_port
-from ministream_testkit.router import INSTALL_HINT, VLLM_ROUTER
+from ministream_testkit.router import VLLM_ROUTER
 from ministream_testkit.router import routed_workers as workers
 from ministream_testkit.waiting import wait_until
+from tests.support import tools
 
 ROUTER = CHART / "ci" / "router-values.yaml"
 
@@ -170,9 +170,7 @@ class Routed:
 
 @pytest.fixture()
 def routed(tmp_path: Path) -> Iterator[Routed]:
-    # A missing router fails, not skips: CI installs it, so absence is a broken set-up.
-    if importlib.util.find_spec("vllm_router") is None or not VLLM_ROUTER.exists():
-        pytest.fail(INSTALL_HINT, pytrace=False)
+    tools.vllm_router()
     out = render(ROUTER)
     (router,) = [
         d

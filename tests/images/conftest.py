@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from imagekit import OCI_TOOLS, ROOT, load_images_script
 
+from tests.support import tools
+
 
 @pytest.fixture(scope="session")
 def images_script() -> ModuleType:
@@ -33,7 +35,9 @@ def oci_env(images_script: ModuleType) -> Iterator[dict[str, str]]:
         pytest.skip("needs root: buildah --isolation chroot and podman with runc")
     missing = [tool for tool in OCI_TOOLS if shutil.which(tool) is None]
     if missing:
-        pytest.fail(f"{missing} not installed: run scripts/install_oci.sh (scripts/setup.sh test)")
+        tools.missing_tool(
+            f"{missing} not installed: run scripts/install_oci.sh (scripts/setup.sh test)"
+        )
     env = images_script.oci_env()
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():

@@ -31,6 +31,7 @@ from ministream_loadtest.router_front import (
 from ministream_testkit import router as router_kit
 from ministream_testkit.helm import helm_path
 from ministream_testkit.waiting import wait_until
+from tests.support import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"
@@ -103,8 +104,7 @@ class _Worker:
 
 @pytest.fixture
 def routed(tmp_path: Path) -> Iterator[tuple[RouterFront, StateWatcher, list[_Worker]]]:
-    if not router_kit.VLLM_ROUTER.exists():
-        pytest.skip(router_kit.INSTALL_HINT)
+    tools.vllm_router()
     # The chart's readiness probe, one second apart so the test sees flips soon; round robin
     # (cache_aware sends one repeated prompt to one worker) as `--router-policy` sets it.
     chart = chart_pod(

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from ministream_observability.catalog import CLUSTER_ONLY
@@ -25,6 +24,7 @@ from ministream_observability.promql import metric_names
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
+from tests.support import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 # Labels the live scrape config attaches, as a ServiceMonitor would in a cluster.
@@ -36,7 +36,7 @@ INSTALL_HINT = "run scripts/install_prometheus.sh (Debian's prometheus: promethe
 def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found on PATH: {INSTALL_HINT}", pytrace=False)
+        tools.missing_tool(f"{name} not found on PATH: {INSTALL_HINT}")
     return path
 
 

@@ -18,7 +18,6 @@ of its own (docs/fleet.md, "Prefill/decode disaggregation").
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from ministream_testkit.pd import PD_VALUES, chart_pd_engine
 from ministream_testkit.router import RouterProcess, chart_router_args
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
 from ministream_testkit.waiting import wait_until
+from tests.support import tools
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -69,8 +69,7 @@ class PDFleet:
 def fleet(
     vllm_server: VLLMServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PDFleet]:
-    if importlib.util.find_spec("nixl") is None:
-        pytest.skip("NIXL is not installed: run `make setup-test` (the project's `pd` extra)")
+    tools.python_module("nixl", "NIXL is not installed: run `make setup-test` (the `pd` extra)")
     workdir = tmp_path_factory.mktemp("pd-live")
     engine = chart_pd_engine()
     replicas = {

@@ -97,6 +97,35 @@ def test_registered_in_a_fresh_process(tmp_path: Path) -> None:  # imports vLLM;
     assert proc.stdout.strip().endswith("MiniStreamConfig")
 
 
+def test_quantized_load_maps_kv_cache_scale_names() -> None:
+    """The plugin's quantized-load path on this vLLM: the quant config's mapper renames
+    checkpoint KV-scale names (the old per-name `get_cache_scale` call failed
+    every `--quantization fp8` load on vLLM 0.25 and 0.32)."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from ministream.model import MiniStreamForCausalLM
+
+    owner = SimpleNamespace(quant_config=Fp8Config())
+    weights = [
+        ("model.layers.0.self_attn.k_proj.k_scale", torch.ones(1)),
+        ("model.layers.0.mlp.down_proj.weight", torch.zeros(2, 2)),
+    ]
+    names = [n for n, _ in MiniStreamForCausalLM._map_cache_scales(owner, iter(weights))]  # type: ignore[arg-type]
+    assert names == ["model.layers.0.self_attn.attn.k_scale", "model.layers.0.mlp.down_proj.weight"]
+
+    # A vLLM with only the old per-name method still works.
+    legacy = SimpleNamespace(
+        quant_config=SimpleNamespace(
+            get_cache_scale=lambda n: n + ".renamed" if "scale" in n else None
+        )
+    )
+    names = [n for n, _ in MiniStreamForCausalLM._map_cache_scales(legacy, iter(weights))]  # type: ignore[arg-type]
+    assert names[0].endswith(".renamed") and names[1] == weights[1][0]
+
+
 @pytest.mark.engine
 @pytest.mark.network
 def test_served_through_the_openai_api_server(

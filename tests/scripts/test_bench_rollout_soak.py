@@ -6,7 +6,6 @@ and mode, failures summed by cause, every losing run's files kept, and --resume.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.scripts import ScriptImporter
 
 # Fails its requests when run with --no-drain behind the router, like the control would.
 STAND_IN = r"""
@@ -38,9 +37,10 @@ out.write_text(json.dumps({
 
 
 @pytest.fixture
-def soak(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    module = importlib.import_module("bench_rollout_soak")
+def soak(
+    import_script: ScriptImporter, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> ModuleType:
+    module = import_script("bench_rollout_soak")
     program = tmp_path / "stand_in_rollout.py"
     program.write_text(STAND_IN)
     monkeypatch.setattr(module, "loadtest_command", lambda: [sys.executable, str(program)])

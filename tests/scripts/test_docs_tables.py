@@ -8,7 +8,6 @@ made from a dirty tree says so under its table.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shutil
@@ -17,19 +16,20 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.scripts import SCRIPTS, ScriptImporter
+
+ROOT = SCRIPTS.parent
 BENCHMARKS = "docs/benchmarks.md"
 
 
 @pytest.fixture
-def dt(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    return importlib.import_module("docs_tables")
+def dt(import_script: ScriptImporter) -> ModuleType:
+    return import_script("docs_tables")
 
 
 @pytest.fixture
-def tables(dt: ModuleType) -> object:
-    return importlib.import_module("docs_table_renderers").TABLES
+def tables(import_script: ScriptImporter) -> object:
+    return import_script("docs_table_renderers").TABLES
 
 
 def _copy_docs(tmp_path: Path) -> Path:

@@ -3,20 +3,17 @@ and the kv_aware wiring (the benchmark itself is `make bench-routing`, not a tes
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests.support.scripts import ScriptImporter
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("bench_routing")
+def bench(import_script: ScriptImporter) -> ModuleType:
+    return import_script("bench_routing")
 
 
 def _block(hit: float, ttft: float) -> dict[str, float | int]:

@@ -8,37 +8,25 @@ run each script end to end and assert on the structure of what it writes, never 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from ministream_sidecar import cpu_memory
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
+from tests.support import tools
+from tests.support.scripts import GPU_SCRIPTS, SCRIPTS, ScriptImporter
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_SCRIPTS = ROOT / "scripts" / "gpu"
-
-
-@pytest.fixture
-def gpu_module(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.syspath_prepend(str(GPU_SCRIPTS))
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-
-    def load(name: str) -> ModuleType:
-        return importlib.import_module(name)
-
-    return load
+ROOT = SCRIPTS.parent
 
 
-def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    stats = gpu_module("interval_stats")
+def test_bootstrap_interval_brackets_the_median(import_script: ScriptImporter) -> None:
+    stats = import_script("interval_stats")
     summary = stats.ratio_summary([1.0, 1.1, 0.9, 1.05, 0.95, 1.0], [1.0] * 6)
     lo, hi = summary["ci95"]
     assert summary["n"] == 6
@@ -49,11 +37,11 @@ def test_bootstrap_interval_brackets_the_median(gpu_module) -> None:  # type: ig
     assert stats.fmt_ratio({"n": 0}) == "n/a"
 
 
-def test_instance_pair_range_shows_an_engine_offset(gpu_module) -> None:  # type: ignore[no-untyped-def]
+def test_instance_pair_range_shows_an_engine_offset(import_script: ScriptImporter) -> None:
     """Three engines per side, four rounds. Identical engines: the estimate is the true ratio
     and the range has no width. One engine 10 % slow: every per-round bootstrap of that pair
     would call it a difference; the range over engine pairs shows it as one engine's."""
-    stats = gpu_module("interval_stats")
+    stats = import_script("interval_stats")
     rounds = [1.0, 1.02, 0.98, 1.01]
     same = stats.instance_pair_range([rounds] * 3, [[2 * x for x in rounds]] * 3)
     assert same["median"] == pytest.approx(0.5)
@@ -68,11 +56,13 @@ def test_instance_pair_range_shows_an_engine_offset(gpu_module) -> None:  # type
         stats.instance_pair_range([[1.0, 2.0]], [[]])
 
 
-def test_superseded_instance_bootstrap_still_answers_through_paired_stats(gpu_module) -> None:  # type: ignore[no-untyped-def]
+def test_superseded_instance_bootstrap_still_answers_through_paired_stats(
+    import_script: ScriptImporter,
+) -> None:
     """The two-level bootstrap stays for the GPU scripts written against it (the docs report
     the range of pairs instead). Three engines per side, four paired rounds: identical engines
     give a tight interval; one engine 10 % slow widens it to that engine's offset."""
-    stats = gpu_module("paired_stats")
+    stats = import_script("paired_stats")
     rounds = [1.0, 1.02, 0.98, 1.01]
     same = stats.instance_ratio_summary([rounds] * 3, [[2 * x for x in rounds]] * 3)
     assert same["median"] == pytest.approx(0.5)
@@ -86,8 +76,8 @@ def test_superseded_instance_bootstrap_still_answers_through_paired_stats(gpu_mo
         stats.instance_ratio_summary([[1.0, 2.0]], [[1.0]])
 
 
-def test_parity_engines_and_their_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    parity = gpu_module("forward_parity")
+def test_parity_engines_and_their_order(import_script: ScriptImporter) -> None:
+    parity = import_script("forward_parity")
     assert parity.engine_names(1) == {k: [k] for k in ("plugin", "llama_a", "llama_b")}
     names = parity.engine_names(3)
     assert names["llama_b"] == ["llama_b.0", "llama_b.1", "llama_b.2"]
@@ -102,8 +92,8 @@ def test_parity_engines_and_their_order(gpu_module) -> None:  # type: ignore[no-
         parity.engine_names(0)
 
 
-def test_shape_figures_pick_decode_steps_and_sum_prefill(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    parity = gpu_module("forward_parity")
+def test_shape_figures_pick_decode_steps_and_sum_prefill(import_script: ScriptImporter) -> None:
+    parity = import_script("forward_parity")
     assert parity.parse_shape("decode:16") == ("decode", 16, 0)
     assert parity.parse_shape("prefill:8x512") == ("prefill", 8, 512)
     with pytest.raises(ValueError, match="bad shape"):
@@ -129,10 +119,10 @@ def _cold_run(name: str, ready: float, imports: float, ok: bool = True) -> dict:
     }
 
 
-def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-untyped-def]
-    gpu_module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_cold_start_summary_groups_repeats_with_spreads(
+    import_script: ScriptImporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cold = gpu_module("cold_start")
+    cold = import_script("cold_start")
     assert cold.variant_of("chart-graphs64-seeded.2-fork") == "chart-graphs64-seeded-fork"
     assert cold.variant_of("vllm-warm.3") == "vllm-warm"
     assert cold.variant_of("vllm-warm") == "vllm-warm"
@@ -157,10 +147,10 @@ def test_cold_start_summary_groups_repeats_with_spreads(  # type: ignore[no-unty
     assert rows[2].endswith("| 3/3 |")
 
 
-def test_cold_start_pairs_matches_repeats_within_a_call(  # type: ignore[no-untyped-def]
-    gpu_module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_cold_start_pairs_matches_repeats_within_a_call(
+    import_script: ScriptImporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cold = gpu_module("cold_start")
+    cold = import_script("cold_start")
     assert cold.repeat_of("warm-hide.3") == 3 and cold.repeat_of("warm-hide") == 1
     assert cold.repeat_of("seeded.2-fork") == 2
     calls = {
@@ -191,12 +181,8 @@ def test_cold_start_pairs_matches_repeats_within_a_call(  # type: ignore[no-unty
     assert cold.main(["pairs", *dirs, "--a", "cold", "--b", "warm"]) == 1  # nothing to pair
 
 
-def test_chart_args_extract_reads_the_vllm_container() -> None:
-    sys.path.insert(0, str(GPU_SCRIPTS))
-    try:
-        chart_args = importlib.import_module("chart_args")
-    finally:
-        sys.path.remove(str(GPU_SCRIPTS))
+def test_chart_args_extract_reads_the_vllm_container(import_script: ScriptImporter) -> None:
+    chart_args = import_script("chart_args")
     manifests = """
 kind: Deployment
 spec:
@@ -236,9 +222,7 @@ spec:
 def test_committed_chart_defaults_match_the_chart(name: str) -> None:
     """scripts/gpu/chart-defaults*.json are what `helm template` renders today (the H200 one
     with the `--set` values it records, which give h200.sh the chart's KV-cache size)."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     committed = json.loads((GPU_SCRIPTS / name).read_text())
     sets = [a for kv in committed.get("set", []) for a in ("--set", kv)]
     fresh = subprocess.run(
@@ -257,9 +241,7 @@ def test_committed_chart_defaults_match_the_chart(name: str) -> None:
 
 def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) -> None:
     """A value the chart refuses: helm's reason on stderr, exit 2, `--out` left as it was."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     out = tmp_path / "chart-defaults-h200.json"
     out.write_text("{}\n")
     args = ["--out", str(out), "--set", "accelerator.memoryGiB=1", "--set", "model.sizeGiB=3"]
@@ -276,14 +258,12 @@ def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) ->
 def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
     """scripts/gpu/chart-router.json (the router's arguments for the GPU host, which has no
     helm) is what `helm template` renders today."""
-    helm = ROOT / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm is not installed (make setup-tools)")
+    tools.helm()
     fresh = tmp_path / "chart-router.json"
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_routing.py"),
+            str(SCRIPTS / "bench_routing.py"),
             "--write-chart-router",
             str(fresh),
         ],
@@ -455,39 +435,12 @@ def test_fp8_compare_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert "error" in fp8 or fp8["weight_bytes_total"] < bf16["weight_bytes_total"]
 
 
-def test_quantized_load_maps_kv_cache_scale_names() -> None:
-    """The plugin's quantized-load path on this vLLM: the quant config's mapper renames
-    checkpoint KV-scale names (the old per-name `get_cache_scale` call failed
-    every `--quantization fp8` load on vLLM 0.25 and 0.32)."""
-    from types import SimpleNamespace
-
-    import torch
-    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
-
-    from ministream.model import MiniStreamForCausalLM
-
-    owner = SimpleNamespace(quant_config=Fp8Config())
-    weights = [
-        ("model.layers.0.self_attn.k_proj.k_scale", torch.ones(1)),
-        ("model.layers.0.mlp.down_proj.weight", torch.zeros(2, 2)),
-    ]
-    names = [n for n, _ in MiniStreamForCausalLM._map_cache_scales(owner, iter(weights))]  # type: ignore[arg-type]
-    assert names == ["model.layers.0.self_attn.attn.k_scale", "model.layers.0.mlp.down_proj.weight"]
-
-    # A vLLM with only the old per-name method still works.
-    legacy = SimpleNamespace(
-        quant_config=SimpleNamespace(
-            get_cache_scale=lambda n: n + ".renamed" if "scale" in n else None
-        )
-    )
-    names = [n for n, _ in MiniStreamForCausalLM._map_cache_scales(legacy, iter(weights))]  # type: ignore[arg-type]
-    assert names[0].endswith(".renamed") and names[1] == weights[1][0]
-
-
-def test_kv_offload_workload_resends_history_and_keeps_turns_in_order(gpu_module) -> None:  # type: ignore[no-untyped-def]
+def test_kv_offload_workload_resends_history_and_keeps_turns_in_order(
+    import_script: ScriptImporter,
+) -> None:
     """kv_offload.py's multi-turn workload (its servers need a GPU: vLLM's CPU build cannot
     offload, so the engine path runs only on the H200, docs/results/h200/run16)."""
-    kv = gpu_module("kv_offload")
+    kv = import_script("kv_offload")
     w = kv.Workload(
         sessions=3,
         turns=3,
@@ -510,8 +463,8 @@ def test_kv_offload_workload_resends_history_and_keeps_turns_in_order(gpu_module
     assert [t for _, t in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
-def test_kv_offload_reads_the_counters_an_h200_recorded(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    kv = gpu_module("kv_offload")
+def test_kv_offload_reads_the_counters_an_h200_recorded(import_script: ScriptImporter) -> None:
+    kv = import_script("kv_offload")
     page = "\n".join(
         [
             "# HELP vllm:prefix_cache_hits_total Prefix cache hits",
@@ -542,10 +495,12 @@ def test_kv_offload_reads_the_counters_an_h200_recorded(gpu_module) -> None:  # 
     assert "on/off (paired)" in kv.table_text({"summary": s, "blocks": blocks})
 
 
-def test_capture_sizes_reads_the_charts_flags_from_its_rendering(gpu_module) -> None:  # type: ignore[no-untyped-def]
+def test_capture_sizes_reads_the_charts_flags_from_its_rendering(
+    import_script: ScriptImporter,
+) -> None:
     """capture_sizes.py takes the chart's flags from the committed H200 rendering (which the
     test above keeps current), values up to the next flag, in the chart's own order."""
-    cs = gpu_module("capture_sizes")
+    cs = import_script("capture_sizes")
     argv = json.loads((GPU_SCRIPTS / "chart-defaults-h200.json").read_text())["argv"]
     flags = cs.chart_flags(argv)
     seqs = flags[flags.index("--max-num-seqs") + 1]
@@ -555,10 +510,12 @@ def test_capture_sizes_reads_the_charts_flags_from_its_rendering(gpu_module) -> 
         cs.chart_flags([a for a in argv if a != "--cudagraph-capture-sizes"])
 
 
-def test_capture_sizes_ratios_are_throughput_over_vllms_sizes(gpu_module) -> None:  # type: ignore[no-untyped-def]
+def test_capture_sizes_ratios_are_throughput_over_vllms_sizes(
+    import_script: ScriptImporter,
+) -> None:
     """A kind whose decode steps take half the time is reported twice as fast, the A/A near
     1, and the goal flag follows the chart's ratio."""
-    cs = gpu_module("capture_sizes")
+    cs = import_script("capture_sizes")
     engines = cs.engine_order(3)
     assert engines[:4] == [f"{k}.0" for k in cs.KINDS] and len(engines) == 12
     step = {"vllm_a": 2.0, "vllm_b": 2.0, "size64": 4.0, "chart": 1.0}
@@ -573,8 +530,8 @@ def test_capture_sizes_ratios_are_throughput_over_vllms_sizes(gpu_module) -> Non
     assert "| 64 |" in cs.throughput_table({"batches": {"64": row}})
 
 
-def test_cold_start_drops_a_flag_with_its_values(gpu_module) -> None:  # type: ignore[no-untyped-def]
-    cold = gpu_module("cold_start")
+def test_cold_start_drops_a_flag_with_its_values(import_script: ScriptImporter) -> None:
+    cold = import_script("cold_start")
     argv = ["python3", "--max-num-seqs", "8", "--cudagraph-capture-sizes", "1", "2", "--port", "1"]
     assert cold.drop_flag(argv, "--cudagraph-capture-sizes") == [*argv[:3], "--port", "1"]
     assert cold.drop_flag(argv, "--absent") == argv

@@ -7,7 +7,6 @@ the tiny model with two instances per side and checks what it writes, never its 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -22,21 +21,17 @@ from typing import Any
 import pytest
 
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "scripts"
+from tests.support.scripts import SCRIPTS, ScriptImporter
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("bench_plugin")
+def script(import_script: ScriptImporter) -> ModuleType:
+    return import_script("bench_plugin")
 
 
 @pytest.fixture
-def stats(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("interval_stats")
+def stats(import_script: ScriptImporter) -> ModuleType:
+    return import_script("interval_stats")
 
 
 def test_t_quantiles(stats: ModuleType) -> None:
@@ -205,7 +200,7 @@ def test_bench_plugin_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=840,
-        cwd=ROOT,
+        cwd=SCRIPTS.parent,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("] block ") == 6  # one progress line per instance
