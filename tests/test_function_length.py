@@ -23,21 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 80
 # "path::qualname" of the functions over MAX_LINES today.
 LONG = {
-    "devtools/ministream_observability/alerts.py::serving_alerts",
-    "loadtest/ministream_loadtest/kube_play.py::pod_manifest",
-    "loadtest/ministream_loadtest/scenarios.py::load_scenario",
-    "plugins/ministream/convert.py::convert",
-    "plugins/ministream/demo.py::_corpus",
     "plugins/ministream/lora_convert.py::convert_lora",
-    "plugins/ministream/shard.py::shard",
-    "scripts/bench_load.py::run_path",
     "scripts/bench_routing.py::main",
     "scripts/gpu/capture_sizes.py::run",
     "scripts/gpu/cold_start.py::run",
     "scripts/gpu/forward_parity.py::main",
     "scripts/gpu/fp8_compare.py::main",
-    "service/ministream_sidecar/app.py::create_app",
-    "service/ministream_sidecar/metrics.py::SidecarMetrics.__init__",
 }
 
 
