@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ministream_testkit.router import CHART, _rendered
+from ministream_testkit.helm import CHART, render
 
 PD_VALUES = CHART / "ci" / "pd-values.yaml"
 POOL_LABEL = "ministream.io/pool"
@@ -52,8 +52,10 @@ def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode") -> PDEngine:
     """What P/D behind the router adds to the `pool`'s vLLM container: the arguments absent
     from the same release without both (the connector's, and what the router's policy needs,
     e.g. cache_aware's render endpoints), and the NIXL_/UCX_ variables with literal values."""
-    on = _vllm_container(_rendered(values, ()), pool)
-    off_docs = _rendered(values, ("disaggregation.enabled=false", "router.enabled=false"))
+    on = _vllm_container(render(values_files=[values]), pool)
+    off_docs = render(
+        values_files=[values], set_args=("disaggregation.enabled=false", "router.enabled=false")
+    )
     (off,) = [
         c
         for d in off_docs

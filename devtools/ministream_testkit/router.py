@@ -19,15 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import CHART, render
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_process
 from ministream_testkit.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "ministream"
 ROUTER_VALUES = CHART / "ci" / "router-values.yaml"
 # The wheel's launcher: beside this interpreter, or where MINISTREAM_VLLM_ROUTER says (a wheel
 # unpacked with `pip install --target`, as on the GPU host).
@@ -58,15 +55,6 @@ def routed_workers(url: str) -> list[str]:
     return [w["url"] if isinstance(w, dict) else w for w in listed.get("workers", [])]
 
 
-def _rendered(values: Path, sets: Sequence[str]) -> list[dict[str, Any]]:
-    cmd = [helm_path(), "template", "ms", str(CHART), "-f", str(values)]
-    for s in sets:
-        cmd += ["--set", s]
-    # Generous: on a loaded 2-core runner one render took over 120 s while engines started.
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
 def _container_args(docs: list[dict[str, Any]], component: str, container: str) -> list[str]:
     for doc in docs:
         labels = doc.get("metadata", {}).get("labels", {})
@@ -79,14 +67,15 @@ def _container_args(docs: list[dict[str, Any]], component: str, container: str) 
 
 def chart_router_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
     """The router container's arguments as `helm template` renders them."""
-    return _container_args(_rendered(values, sets), "router", "router")
+    return _container_args(render(values_files=[values], set_args=sets), "router", "router")
 
 
 def chart_router_engine_args(values: Path = ROUTER_VALUES, *sets: str) -> list[str]:
     """What the router adds to the replicas' vLLM arguments (the chart renders them only with
     router.enabled: the render endpoints cache_aware tokenizes through)."""
-    on = _container_args(_rendered(values, sets), "server", "vllm")
-    off = _container_args(_rendered(values, (*sets, "router.enabled=false")), "server", "vllm")
+    on = _container_args(render(values_files=[values], set_args=sets), "server", "vllm")
+    off_sets = (*sets, "router.enabled=false")
+    off = _container_args(render(values_files=[values], set_args=off_sets), "server", "vllm")
     return [a for a in on if a not in off]
 
 

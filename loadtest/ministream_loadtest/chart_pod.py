@@ -14,16 +14,12 @@ on PATH).
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import RenderError, helm_path, render
 
 DEFAULT_CHART = Path("charts/ministream")
 # Kubernetes' defaults for probe fields the chart leaves unset (the API server fills them in).
@@ -158,15 +154,12 @@ def render_documents(
             f"no Helm chart at {chart}: pass --chart PATH to the ministream chart "
             "(charts/ministream in the project checkout)"
         )
-    cmd = [find_helm(helm), "template", "ministream", str(chart)]
-    for f in values_files:
-        cmd += ["-f", str(f)]
-    for key, value in {**LOCAL_RUN_VALUES, **(sets or {})}.items():
-        cmd += ["--set-json", f"{key}={json.dumps(value)}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise ChartError(f"helm template {chart} failed: {proc.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    try:
+        return render(
+            chart, values_files, {**LOCAL_RUN_VALUES, **(sets or {})}, helm=find_helm(helm)
+        )
+    except RenderError as exc:
+        raise ChartError(f"helm template {chart} failed: {exc}") from None
 
 
 def _component(doc: dict[str, Any]) -> str | None:

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import CHART, RenderError, render_text
 
-ROOT = Path(__file__).resolve().parents[2]
 WARMUP_ENV = {
     "MINISTREAM_SIDECAR_WARMUP_REQUESTS": "requests",
     "MINISTREAM_SIDECAR_WARMUP_CONCURRENCY": "concurrency",
@@ -63,7 +61,7 @@ def extract(manifests: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--values", default=str(ROOT / "charts/ministream/ci/local-tp1-values.yaml")
+        "--values", default=str(CHART / "ci" / "local-tp1-values.yaml")
     )
     parser.add_argument("--helm", help="helm binary (default: helm_path's lookup)")
     parser.add_argument(
@@ -71,24 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="write the JSON here (default: standard output)")
     args = parser.parse_args(argv)
-    sets = [a for kv in args.set for a in ("--set", kv)]
-    proc = subprocess.run(
-        [
-            helm_path(args.helm),
-            "template",
-            "cold-start",
-            str(ROOT / "charts/ministream"),
-            "-f",
-            args.values,
-            *sets,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:  # a refused value: helm says which, and nothing is written
-        sys.stderr.write(f"helm template failed:\n{proc.stderr}")
+    try:
+        text = render_text(values_files=[args.values], set_args=args.set, helm=args.helm)
+    except RenderError as exc:  # a refused value: helm says which, and nothing is written
+        sys.stderr.write(f"helm template failed:\n{exc}\n")
         return 2
-    out = extract(proc.stdout) | {"rendered_with": Path(args.values).name}
+    out = extract(text) | {"rendered_with": Path(args.values).name}
     if args.set:
         out["set"] = args.set
     text = json.dumps(out, indent=2) + "\n"

@@ -17,14 +17,17 @@ from typing import Any
 
 import yaml
 
+from ministream_testkit.helm import RELEASE as RELEASE
+from ministream_testkit.helm import RenderError, documents, render_text
 from tests.support import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"
 TOOLS_BIN = ROOT / ".tools" / "bin"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
-RELEASE = "ms"
 NAMESPACE = "serving"
+# What a refused render raises; the chart tests name it for what it is to them.
+HelmError = RenderError
 # Kubernetes minor versions the chart supports (Chart.yaml kubeVersion >= 1.29).
 KUBE_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35"]
 INSTALL_HINT = "run scripts/install_tools.sh (installs helm 4, helm 3 and kubectl into .tools/bin)"
@@ -120,10 +123,6 @@ def _is_router(doc: dict[str, Any]) -> bool:
     return bool(labels.get("app.kubernetes.io/component") == "router")
 
 
-class HelmError(Exception):
-    pass
-
-
 def run_helm(args: list[str], major: int = 4) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm_binary(major), *args], capture_output=True, text=True, timeout=60)
 
@@ -136,16 +135,11 @@ def _render(
     chart: str,
     extra: tuple[str, ...],
 ) -> Rendered:
-    args = ["template", RELEASE, chart, "--namespace", NAMESPACE, *extra]
-    for f in values_files:
-        args += ["-f", f]
-    for key, value in sets:
-        args += ["--set-json", f"{key}={value}"]
-    proc = run_helm(args, major)
-    if proc.returncode != 0:
-        raise HelmError(proc.stderr.strip())
-    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
-    return Rendered(docs, proc.stdout)
+    values = {key: json.loads(value) for key, value in sets}
+    text = render_text(
+        chart, values_files, values, namespace=NAMESPACE, extra=extra, helm=helm_binary(major)
+    )
+    return Rendered(tuple(documents(text)), text)
 
 
 def render(
@@ -156,7 +150,8 @@ def render(
     **sets: Any,
 ) -> Rendered:
     """`helm template` with values files and `--set-json key=value` pairs (dots in keys via
-    `__`, e.g. loading__mode="local"). Raises HelmError with helm's message on failure."""
+    `__`, e.g. loading__mode="local"). Raises HelmError (ministream_testkit.helm's
+    RenderError) with helm's message on failure."""
     pairs = tuple(sorted((k.replace("__", "."), json.dumps(v)) for k, v in sets.items()))
     return _render(tuple(str(f) for f in values_files), pairs, major, str(chart), extra)
 

@@ -24,6 +24,7 @@ from chartkit import (
     CHART,
     KUBE_VERSIONS,
     NAMESPACE,
+    RELEASE,
     ROOT,
     SCENARIOS,
     HelmError,
@@ -288,7 +289,7 @@ def test_scale_to_zero_notes_cite_a_cold_start_measured_here(tmp_path: Path) -> 
     proc = run_helm(
         [
             "install",
-            "ms",
+            RELEASE,
             str(CHART),
             "--dry-run=client",
             "-n",

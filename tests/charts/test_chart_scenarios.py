@@ -19,6 +19,7 @@ import pytest
 from chartkit import (
     CHART,
     KUBE_VERSIONS,
+    RELEASE,
     SCENARIOS,
     Rendered,
     render,
@@ -170,7 +171,16 @@ def test_notes_render(scenario_file: Path) -> None:
     """NOTES.txt (shown by `helm install`) renders and states the derived facts. Helm 4's
     client-side dry run needs no cluster."""
     proc = run_helm(
-        ["install", "ms", str(CHART), "--dry-run=client", "-n", "serving", "-f", str(scenario_file)]
+        [
+            "install",
+            RELEASE,
+            str(CHART),
+            "--dry-run=client",
+            "-n",
+            "serving",
+            "-f",
+            str(scenario_file),
+        ]
     )
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]

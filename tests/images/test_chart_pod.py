@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 import urllib.error
@@ -31,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from imagekit import ROOT
 
 from ministream_loadtest.kube_play import PlayedPod, pod_manifest, podman
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import RELEASE, render
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, request_counts
 from ministream_testkit.waiting import wait_until
 from tests.support.models import ModelFactory
@@ -50,7 +48,7 @@ pytestmark = [
 
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "cpu-local-tp1-values.yaml"
-RELEASE, NAMESPACE = "ms", "serving"
+NAMESPACE = "serving"
 # Unique on this machine, as a ReplicaSet's pod names are in a cluster: podman's names (pods,
 # containers, the emptyDir volumes) are machine-wide, and two test sessions (two checkouts'
 # CI runs on one machine) would otherwise remove each other's pods.
@@ -134,12 +132,7 @@ def _render(model_dir: Path) -> list[dict[str, Any]]:
         "loading.local.modelDir": model_dir.name,
         "vllm.extraArgs": list(TINY_ENGINE_ARGS),
     }
-    cmd = [helm_path(), "template", RELEASE, str(CHART)]
-    cmd += ["--namespace", NAMESPACE, "-f", str(VALUES)]
-    for key, value in sets.items():
-        cmd += ["--set-json", f"{key}={json.dumps(value)}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return render(CHART, [VALUES], sets, namespace=NAMESPACE)
 
 
 @pytest.fixture(scope="module")

@@ -4,31 +4,24 @@ only the documented fields change, everything else passes through exactly as ren
 from __future__ import annotations
 
 import copy
-import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from imagekit import ROOT
 
 from ministream_loadtest.haproxy import Slot, render_config
 from ministream_loadtest.kube_play import KubePlayError, pod_manifest
 from ministream_loadtest.podman_fleet import podman_chart_values
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import helm_path, render
 
 CHART = ROOT / "charts" / "ministream"
 
 
 def _deployment(**sets: Any) -> dict[str, Any]:
-    cmd = [helm_path(), "template", "ms", str(CHART)]
-    cmd += ["--namespace", "serving", "-f", str(CHART / "ci" / "cpu-local-tp1-values.yaml")]
-    for key, value in sets.items():
-        cmd += ["--set-json", f"{key}={json.dumps(value)}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-    [deployment] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
+    docs = render(CHART, [CHART / "ci" / "cpu-local-tp1-values.yaml"], sets, namespace="serving")
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
     return deployment
 
 

@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from ministream_reference.golden import reference_completions
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import render
 from ministream_testkit.net import accepts, free_port
 from ministream_testkit.processes import stop_process
 from ministream_testkit.waiting import wait_until
@@ -158,29 +157,16 @@ def identity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServe
 @pytest.fixture(scope="module")
 def chart_env(identity: IdentityServer) -> dict[str, str]:
     """The vLLM container's plain environment, as the chart renders it without a key Secret."""
-    args = [
-        helm_path(),
-        "template",
-        "ms",
-        str(CHART),
-        "--namespace",
-        "serving",
-        "--set",
+    sets = [
         "apiKey.enabled=false",
-        "--set",
         "loading.mode=runaiStreamer",
-        "--set",
         f"loading.s3.bucket={BUCKET}",
-        "--set",
         f"loading.s3.region={REGION}",
-        "--set",
         f"loading.s3.endpoint={identity.endpoint}",
-        "--set",
         "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=" + ROLE_ARN,
     ]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    (deployment,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"]
+    docs = render(CHART, set_args=sets, namespace="serving")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     (vllm,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"
     ]

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from ministream_loadtest.bad_release import (
     BACKOFF_INITIAL_SECONDS,
@@ -33,18 +32,15 @@ from ministream_loadtest.haproxy import Slot, find_haproxy
 from ministream_loadtest.kube_play import pod_manifest
 from ministream_loadtest.podman_fleet import template_values
 from ministream_sidecar.processes import Child
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import helm_path, render
 from tests.loadtest.test_loadtest_rollout import CHART, VLLM_ARGS
 
 DRAIN_TIMEOUT = {"sidecar.drainTimeoutSeconds": 10}
 
 
 def rendered_deployment(sets: dict[str, Any]) -> dict[str, Any]:
-    cmd = [helm_path(), "template", "ministream", str(CHART)]
-    for key, value in {**LOCAL_RUN_VALUES, **sets}.items():
-        cmd += ["--set-json", f"{key}={json.dumps(value)}"]
-    docs = yaml.safe_load_all(subprocess.run(cmd, check=True, capture_output=True).stdout)
-    return next(d for d in docs if d and d["kind"] == "Deployment")
+    docs = render(CHART, (), {**LOCAL_RUN_VALUES, **sets})
+    return next(d for d in docs if d["kind"] == "Deployment")
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ import yaml
 
 from ministream_reference.golden import DEFAULT_PROMPTS, reference_completions
 from ministream_sidecar import cpu_memory
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import render
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
 from ministream_testkit.sidecar_process import SidecarProcess, start_sidecar
@@ -71,22 +71,8 @@ def render_two_node_group(tmp_path: Path) -> RenderedGroup:
     overrides.write_text(
         yaml.safe_dump({"parallelism": {"tensor": 2, "pipeline": 1}, "accelerator": {"perNode": 1}})
     )
-    out = subprocess.run(
-        [
-            helm_path(),
-            "template",
-            "ms",
-            str(CHART),
-            "-f",
-            str(CHART / "ci" / "multinode-2x8-values.yaml"),
-            "-f",
-            str(overrides),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    (lws,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "LeaderWorkerSet"]
+    docs = render(CHART, [CHART / "ci" / "multinode-2x8-values.yaml", overrides])
+    (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
     template = lws["spec"]["leaderWorkerTemplate"]
     assert template["size"] == 2
     leader = {c["name"]: c for c in template["leaderTemplate"]["spec"]["containers"]}["vllm"]

@@ -11,17 +11,15 @@ flight, because a tiny model on two CPU cores saturates at fewer requests than a
 
 from __future__ import annotations
 
-import subprocess
 import time
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from promkit import NAMESPACE, POD, ROOT, PrometheusServer
 
 from ministream_observability.autoscaling import ADAPTER_MATCHERS, SIGNALS
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import render
 from ministream_testkit.load import BusyEngine
 from ministream_testkit.vllm_server import metrics_text, request_counts
 from ministream_testkit.waiting import wait_until
@@ -45,14 +43,11 @@ PICKER_CACHE_INFO = ("vllm:cache_config_info", ("block_size", "num_gpu_blocks"))
 PICKER_LORA_INFO = "vllm:lora_requests_info"
 
 
-def _render(*sets: str) -> list[dict[str, Any]]:
-    args = [helm_path(), "template", "ms", str(CHART), "--namespace", NAMESPACE]
-    args += ["-f", str(CHART / "ci" / "fleet-values.yaml")]
-    for s in (f"autoscaling.target.requestsPerReplica={THRESHOLD}", *sets):
-        args += ["--set-json", s]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+def _render(**sets: Any) -> list[dict[str, Any]]:
+    """The fleet scenario with the threshold above and `sets` (dots in keys via `__`)."""
+    values = {"autoscaling.target.requestsPerReplica": THRESHOLD}
+    values |= {key.replace("__", "."): value for key, value in sets.items()}
+    return render(CHART, [CHART / "ci" / "fleet-values.yaml"], values, namespace=NAMESPACE)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +158,7 @@ def test_kv_cache_signal_runs_on_the_live_scrape(
 ) -> None:
     """The second signal returns one sample in [0, 1], and its adapter form agrees."""
     (so,) = [
-        d for d in _render("autoscaling.target.kvCacheUsage=0.8") if d["kind"] == "ScaledObject"
+        d for d in _render(autoscaling__target__kvCacheUsage=0.8) if d["kind"] == "ScaledObject"
     ]
     (t,) = [t for t in so["spec"]["triggers"] if t.get("name") == "kv-cache-usage"]
     query = t["metadata"]["query"]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from ministream_observability.alerts import (
     ALL_STATEFULSETS,
 )
 from ministream_observability.generate import DASHBOARD_DIR, RULES_FILE
-from ministream_testkit.helm import helm_path
+from ministream_testkit.helm import render
 
 CHART = ROOT / "charts" / "ministream"
 VALUES = CHART / "ci" / "local-tp1-values.yaml"
@@ -29,12 +28,7 @@ ROUTER_SELECTOR = 'namespace="serving", pod=~"ms-ministream-router-[a-z0-9]+-[a-
 
 
 def _render(*sets: str, values: Path = VALUES) -> list[dict[str, Any]]:
-    args = [helm_path(), "template", "ms", str(CHART), "--namespace", "serving", "-f", str(values)]
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return render(CHART, [values], set_args=sets, namespace="serving")
 
 
 @pytest.fixture(scope="module")
