@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ministream_testkit.provenance import stamp
+from ministream_testkit.results import write_json
 
 
 def _status() -> dict[str, int]:
@@ -168,8 +168,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "runs": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(stamp(report), indent=2) + "\n")
+    write_json(Path(args.out), report)
     _print_table(report)
     print(f"JSON: {args.out}")
     return 0

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -60,6 +59,8 @@ from interval_stats import (  # noqa: E402
     resolved_below,
     verdict,
 )
+
+from ministream_testkit.results import write_json  # noqa: E402
 
 # The plugin twice: plugin vs plugin_b is the A/A control of the same method.
 SIDES = ("plugin", "llama", "plugin_b")
@@ -264,20 +265,6 @@ def build_report(
     }
 
 
-def write_atomic(path: Path, report: dict[str, Any]) -> None:
-    from ministream_testkit.provenance import stamp
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(stamp(report), indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _fmt(d: dict[str, Any] | None) -> str:
     if not d:
         return "n/a (fewer than 2 blocks)"
@@ -381,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             report = build_report(instances, settings, args.target, index + 1 == len(order))
-            write_atomic(out, report)
+            write_json(out, report)
     print(table(report))
     print(f"JSON: {out}")
     return 1 if report["resolved_below_target"] else 0

@@ -18,7 +18,8 @@ report and that directory; a run without one keeps only its report.
 
 Everything after the first `--` goes to every `ministream-loadtest rollout` (its own `--`
 then passes engine arguments to vLLM). Prints one row per front and mode and writes JSON
-with provenance (reports.write_json); `make bench-rollout-soak` runs the documented size.
+with provenance (ministream_testkit.results.write_json); `make bench-rollout-soak` runs the
+documented size.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ministream_loadtest.reports import write_json
+from ministream_testkit.results import write_json
 
 FRONTS = ("haproxy", "router")
 

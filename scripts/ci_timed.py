@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "devtools"))
+sys.path[:0] = [str(ROOT / "devtools"), str(ROOT / "plugins")]
 
 from ministream_testkit.provenance import stamp  # noqa: E402
+from ministream_testkit.results import write_json  # noqa: E402
 
 _PYTEST_SUMMARY = re.compile(r"^=+ (.*\b(passed|failed)\b.* in [0-9.]+s.*) =+$")
 
@@ -67,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         command=[Path(sys.executable).name, *sys.argv],
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "provenance"}, indent=2))
     return status
 

@@ -27,15 +27,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from ministream.atomic_file import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
@@ -230,18 +230,6 @@ def render_text(tables: Registry, path: Path, text: str, root: Path) -> str:
 
 def documents(root: Path) -> list[Path]:
     return sorted({p for pattern in DOC_GLOBS for p in root.glob(pattern)})
-
-
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def stale(tables: Registry, root: Path) -> list[str]:

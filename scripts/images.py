@@ -353,15 +353,15 @@ def build(
 def write_report(report: dict[str, dict[str, object]]) -> None:
     """The build report, with the provenance block every result carries (commit, command,
     machine, versions; docs/benchmarks.md, "How results are recorded")."""
-    # The module is standard library only, as this script is: `make images` runs it from the
-    # checkout with the system python3, no project virtualenv needed.
-    devtools = str(ROOT / "devtools")
-    if devtools not in sys.path:
-        sys.path.insert(0, devtools)
-    from ministream_testkit.provenance import stamp
+    # The writer and what it imports (ministream.atomic_file, ministream_testkit.provenance)
+    # are standard library only, as this script is: `make images` runs it from the checkout
+    # with the system python3, no project virtualenv needed.
+    for folder in (str(ROOT / "devtools"), str(ROOT / "plugins")):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    from ministream_testkit.results import write_json
 
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps(stamp(report), indent=2) + "\n")
+    write_json(REPORT, report)
 
 
 def cmd_build(args: argparse.Namespace) -> int:

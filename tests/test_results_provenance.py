@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from ministream_loadtest.reports import stamp_file, write_json
 from ministream_testkit import provenance
 from ministream_testkit.provenance import KEY, collect, problems, sidecar_path, write_sidecar
+from ministream_testkit.results import stamp_file, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -237,11 +237,14 @@ def test_the_gpu_host_passes_commit_dirty_and_command(monkeypatch: pytest.Monkey
 
 
 def test_reports_and_raw_engine_results_are_stamped(tmp_path: Path) -> None:
-    """ministream-loadtest's reports (SLO, rollout, overload, soak) go through write_json;
-    the load engine's raw results through stamp_file, which keeps them on one line."""
-    report = tmp_path / "report.json"
+    """ministream-loadtest's reports (SLO, rollout, overload, soak) and the benchmark scripts'
+    results go through write_json; the load engine's raw results through stamp_file, which
+    keeps them on one line."""
+    report = tmp_path / "sub" / "report.json"
+    write_json(report, {"sent": 1})
     written = write_json(report, {"sent": 3})
     assert json.loads(report.read_text()) == written
+    assert [p.name for p in report.parent.iterdir()] == ["report.json"]  # no temporary left
     assert list(written) == [KEY, "sent"] and set(written[KEY]) >= set(provenance.REQUIRED)
 
     raw = tmp_path / "raw.json"

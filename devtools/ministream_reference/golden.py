@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ministream.atomic_file import write_atomic
 from ministream_testkit.provenance import write_sidecar
 
 DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
@@ -167,7 +168,7 @@ def as_llama(model_dir: str | Path, out_dir: str | Path) -> Path:
 
 
 def save(completions: list[Completion], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([asdict(c) for c in completions]))
+    write_atomic(Path(path), json.dumps([asdict(c) for c in completions]))
 
 
 def load(path: str | Path) -> list[Completion]:

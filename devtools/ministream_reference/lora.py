@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ministream.atomic_file import write_atomic
 from ministream_reference.golden import DEFAULT_PROMPTS, Completion
 
 
@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_eager=True,
         seed=0,
     )
-    tmp = Path(f"{args.out}.tmp")
-    tmp.write_text(json.dumps([asdict(c) for c in result]))
-    shutil.move(tmp, args.out)
+    write_atomic(Path(args.out), json.dumps([asdict(c) for c in result]))
     return 0
 
 

@@ -41,9 +41,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from ministream_testkit.results import write_json
+
 from .fleet import Pod, PodTemplate
 from .records import RequestRecord, failure_counts
-from .reports import write_json
 from .rollout import Rollout, RolloutConfig
 from .rollout_plan import Replacement
 

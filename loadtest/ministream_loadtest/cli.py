@@ -34,12 +34,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, get_args
 
+from ministream_testkit.results import write_json
+
 from . import pod_run
 from .chart_pod import ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
 from .fronts import FrontKind
 from .kube_play import KubePlayError
-from .reports import write_json
 from .rollout import RolloutConfig, Runtime
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 

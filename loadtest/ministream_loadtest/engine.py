@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .reports import stamp_file
+from ministream_testkit.results import stamp_file
 
 ENGINE_NAME = "vllm bench serve"
 PERCENTILES = (50, 95, 99)

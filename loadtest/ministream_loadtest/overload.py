@@ -30,6 +30,7 @@ import httpx
 
 from ministream_sidecar.engine_client import parse_request_counts
 from ministream_testkit.net import free_port
+from ministream_testkit.results import write_json
 
 from .chart_pod import ChartPod
 from .engine import LoadSpec, run_engine
@@ -38,7 +39,6 @@ from .haproxy import Slot
 from .pod_run import PodRun
 from .probes import PodProbes
 from .records import latency_summary, load_records
-from .reports import write_json
 
 SIDECAR_COUNTERS = (
     "ministream_upstream_busy_checks_total",

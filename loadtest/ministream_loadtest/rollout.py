@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ministream_testkit.provenance import vllm_version
+from ministream_testkit.results import write_json
 
 from .chart_pod import RolloutMode
 from .engine import ENGINE_NAME, EngineProcess, LoadSpec
@@ -39,7 +40,6 @@ from .fronts import Front, FrontKind, front_chart_values, open_front
 from .haproxy import Slot, StateWatcher
 from .pod_run import PodRun
 from .records import RequestRecord, load_records
-from .reports import write_json
 from .rollout_plan import Replacement, drain_summary, max_load_seconds, replacement_plan
 from .rollout_report import PodSnapshot, RolloutFacts, build_report
 

@@ -25,13 +25,13 @@ import httpx
 import numpy as np
 
 from ministream_testkit.net import free_port
+from ministream_testkit.results import write_json
 
 from .engine import LoadSpec, run_engine
 from .fleet import Pod
 from .haproxy import Slot
 from .pod_run import PodRun
 from .records import latency_summary, load_records
-from .reports import write_json
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ministream import s3
+from ministream.atomic_file import write_atomic
 from ministream.errors import CheckpointError
 from ministream.lora_convert import MAX_ABS_VALUE
 from ministream.manifest import MANIFEST_NAME, verify_dir
@@ -164,7 +165,7 @@ def fetch_one(
             check_adapter(staging, max_rank=max_rank, base_model_hash=base_model_hash)
         except CheckpointError as exc:
             reason = f"adapter {spec.name!r} ({spec.uri}) refused: {exc}"
-            _write_atomic(refused, reason + "\n")
+            write_atomic(refused, reason + "\n")
             if target.exists():  # left by an earlier run of this init container
                 shutil.rmtree(target)
             return FetchOutcome(spec.name, None, reason)
@@ -177,13 +178,6 @@ def fetch_one(
         return FetchOutcome(spec.name, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def fetch_all(

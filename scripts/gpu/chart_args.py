@@ -8,7 +8,7 @@ chart's defaults are rendered here into a JSON file that travels with the tree:
         --out scripts/gpu/chart-defaults-h200.json   # + the chart's KV-cache size for one H200
 
 Without `--out` the JSON goes to standard output. With it, a refused render leaves FILE as it
-was (written to a temporary file, then renamed).
+was (ministream.atomic_file).
 
 Rendered with the chart's default values plus the minimal local-path scenario
 (`charts/ministream/ci/local-tp1-values.yaml`) and any `--set`. Only literal env values are
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ministream.atomic_file import write_atomic
 from ministream_testkit.helm import CHART, RenderError, render_text
 
 WARMUP_ENV = {
@@ -60,9 +61,7 @@ def extract(manifests: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--values", default=str(CHART / "ci" / "local-tp1-values.yaml")
-    )
+    parser.add_argument("--values", default=str(CHART / "ci" / "local-tp1-values.yaml"))
     parser.add_argument("--helm", help="helm binary (default: helm_path's lookup)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value, repeatable"
@@ -81,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        write_atomic(args.out, text)
     return 0
 
 

@@ -19,6 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ministream_testkit.results import write_json
+
 PROCESS_START = time.time()
 
 
@@ -93,7 +95,7 @@ def main() -> int:
             for p, o in zip(prompts, outs, strict=True)
         ]
 
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(Path(args.out), result)
     del llm
     return 0
 

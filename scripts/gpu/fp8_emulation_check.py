@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import Any
+
+from ministream_testkit.results import write_json
 
 PAIRS = (
     ("gpu_fp8", "reference"),
@@ -82,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'pair':<22} identical prefix per prompt   total")
     for name, pair in result["pairs"].items():
         print(f"{name:<22} {pair['per_prompt']!s:<28} {pair['total']}")
-    tmp = Path(f"{args.out}.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    shutil.move(tmp, args.out)
+    write_json(Path(args.out), result, indent=1)
     return 0
 
 

@@ -92,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarise", type=Path, help="summarise an existing importtime log")
     args = parser.parse_args(argv)
     report = summarise(args.summarise.read_text()) if args.summarise else profile()
-    text = json.dumps(report, indent=2)
-    print(text)
+    print(json.dumps(report, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        from ministream_testkit.results import write_json
+
+        write_json(args.out, report)
     return 0 if report.get("returncode", 0) == 0 else 1
 
 

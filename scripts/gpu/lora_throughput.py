@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ministream_testkit.results import write_json
+
 RANKS = (8, 16)
 
 
@@ -188,7 +190,7 @@ def main() -> int:
         },
         "arms": rows,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(table(rows))
     return 0
 

@@ -169,15 +169,6 @@ def test_report_uses_complete_blocks_only(script: ModuleType) -> None:
     assert ab["blocks"] == [0, 1] and ab["pair_ratios"] == pytest.approx([100 / 101, 95 / 90])
 
 
-def test_write_atomic_stamps_and_replaces(script: ModuleType, tmp_path: Path) -> None:
-    out = tmp_path / "sub" / "bench.json"
-    script.write_atomic(out, {"a": 1})
-    script.write_atomic(out, {"a": 2})
-    data = json.loads(out.read_text())
-    assert data["a"] == 2 and "commit" in data["provenance"]
-    assert [p.name for p in out.parent.iterdir()] == ["bench.json"]  # no temp file left
-
-
 @pytest.mark.engine
 @pytest.mark.timeout(900)
 def test_bench_plugin_smoke_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
