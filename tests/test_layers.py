@@ -68,7 +68,7 @@ EXCEPTIONS = {
 # What the sidecar may take from the plugin package: torch-free modules only (the sidecar
 # image has no torch). Held per module: `from ministream import model` counts as
 # `ministream.model`.
-SIDECAR_FROM_PLUGIN = {"ministream", "ministream.startup_log"}
+SIDECAR_FROM_PLUGIN = {"ministream", "ministream.startup_log", "ministream.versions"}
 
 
 @dataclass(frozen=True)

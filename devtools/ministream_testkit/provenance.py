@@ -16,9 +16,7 @@ A result that is not a JSON object (a golden file is a list) gets its block in a
 `NAME.provenance.json` (`write_sidecar`). `problems(block)` is what the CI test
 (tests/test_results_provenance.py) holds every file under docs/results/ to.
 
-Standard library and a standard-library-only module of the plugin package
-(ministream.atomic_file): the GPU host and the CPU benchmarks import it
-from the checkout, with plugins/ and devtools/ on the path.
+Standard library only: the GPU host and the CPU benchmarks import it from the checkout.
 """
 
 from __future__ import annotations
@@ -37,8 +35,6 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
-
-from ministream.atomic_file import write_atomic
 
 KEY = "provenance"
 # The fields the CI test (tests/test_results_provenance.py) requires of every result file.
@@ -291,5 +287,5 @@ def write_sidecar(
 ) -> Path:
     """Write `result`'s provenance block beside it (for results that are JSON lists)."""
     path = sidecar_path(result)
-    write_atomic(path, json.dumps(stamp({"of": result.name}, command, cwd), indent=2) + "\n")
+    path.write_text(json.dumps(stamp({"of": result.name}, command, cwd), indent=2) + "\n")
     return path

