@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar import cpu_memory
+from ministream_sidecar.engine_client import RequestCounts, parse_request_counts
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
@@ -46,17 +47,9 @@ def sum_samples(metrics_text: str, name: str) -> float:
     )
 
 
-def parse_request_counts(metrics_text: str) -> tuple[float, float]:
-    """Running and waiting requests in vLLM's /metrics text, summed over engines."""
-    return (
-        sum_samples(metrics_text, "vllm:num_requests_running"),
-        sum_samples(metrics_text, "vllm:num_requests_waiting"),
-    )
-
-
-def request_counts(url: str) -> tuple[float, float]:
-    """Running and waiting requests of the vLLM server at `url` (what the sidecar's drain
-    polls)."""
+def request_counts(url: str) -> RequestCounts:
+    """Running and waiting requests of the vLLM server at `url`, read as the sidecar's drain
+    reads them (ministream_sidecar.engine_client.parse_request_counts)."""
     return parse_request_counts(metrics_text(url))
 
 

@@ -281,7 +281,8 @@ def test_prestop_drains_the_pod(chart_pod: ChartPodRun) -> None:
     # request already finished ends the wait too, as the fixed sleep did.
     wait_until(
         lambda: (
-            not request.is_alive() or request_counts(chart_pod.url(chart_pod.api_port, ""))[0] >= 1
+            not request.is_alive()
+            or request_counts(chart_pod.url(chart_pod.api_port, "")).running >= 1
         ),
         timeout=60,
         what="the completion to be running in the pod's vLLM, or done",

@@ -94,7 +94,9 @@ def _load(vllm: Any, per_thread: int, concurrency: int) -> int:
 
 def _wait_running(url: str, timeout: float = 60) -> None:
     """Until vLLM's own gauge shows a running request (what the drain polls, too)."""
-    wait_until(lambda: request_counts(url)[0] > 0, timeout, 0.05, what="a request running in vLLM")
+    wait_until(
+        lambda: request_counts(url).running > 0, timeout, 0.05, what="a request running in vLLM"
+    )
 
 
 def _counter(url: str, name: str) -> float:
@@ -105,7 +107,7 @@ def _counter(url: str, name: str) -> float:
 def _wait_idle_and_scraped(vllm: Any, prometheus: PrometheusServer) -> None:
     """Until vLLM reports nothing running or waiting, and Prometheus has stored a scrape
     taken after its last finished request (the panels are read at the end of the run)."""
-    wait_until(lambda: request_counts(vllm.url) == (0, 0), 60, 0.1, what="vLLM idle")
+    wait_until(lambda: request_counts(vllm.url).idle, 60, 0.1, what="vLLM idle")
     done = _counter(vllm.url, "vllm:request_success_total")
     prometheus.wait_for(
         f"sum(vllm:request_success_total) >= {done}", 30, f"{done:g} finished requests scraped"

@@ -88,7 +88,7 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
 
     def idle_value() -> float:
         """The signal from a scrape taken after vLLM reported nothing running or waiting."""
-        wait_until(lambda: request_counts(vllm_server.url) == (0, 0), 300, 0.2, what="vLLM idle")
+        wait_until(lambda: request_counts(vllm_server.url).idle, 300, 0.2, what="vLLM idle")
         idle_since = time.time()
         scraped = f'timestamp(vllm:num_requests_running{{namespace="{NAMESPACE}"}}) > {idle_since}'
         prom.wait_for(scraped, 30, "a scrape of the idle engine")
@@ -120,7 +120,7 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
             detail=lambda: f"values read since the load began: {sorted(set(busy))}",
         )
         crossed_after = time.time() - loaded
-        running, waiting = request_counts(vllm_server.url)
+        counts = request_counts(vllm_server.url)
 
         # The HPA engine's path reads the same signal: the per-pod metric prometheus-adapter
         # serves, averaged over the pods by the HPA, is the KEDA query's value.
@@ -144,8 +144,8 @@ def test_autoscaling_query_crosses_the_threshold_under_load_and_falls_back_idle(
     record_property("seconds_to_cross", round(crossed_after, 1))
     print(
         f"\nrequests per replica: idle {idle_before:g}, busy peak {peak:g} "
-        f"(threshold {THRESHOLD}, {IN_FLIGHT} clients; vLLM then had {running:g} running, "
-        f"{waiting:g} waiting), idle again {idle_after:g}; above the threshold "
+        f"(threshold {THRESHOLD}, {IN_FLIGHT} clients; vLLM then had {counts.running} running, "
+        f"{counts.waiting} waiting), idle again {idle_after:g}; above the threshold "
         f"{crossed_after:.0f} s into the load, at {sum(v > THRESHOLD for v in busy)} of "
         f"{len(busy)} instants"
     )
