@@ -8,10 +8,10 @@ directory next to its destination and checked there:
 - its manifest (`ministream verify`): every file's size and sha256, no stray weights;
 - it is an adapter written for *this* base: the manifest's `base_model_hash` equals the
   served model's hash (`MINISTREAM_MODEL_HASH`, the chart's `model.hash`);
-- `adapter_config.json`: a rank within `--max-rank` (vLLM's `--max-lora-rank`) and only
-  target modules the MiniStream model has;
+- `adapter_config.json`: a rank within `--max-rank` (vLLM's `--max-lora-rank`), a positive
+  `lora_alpha`, and only target modules the MiniStream model has;
 - every tensor finite (no NaN or Inf) and no value or `lora_alpha / r` scale above the
-  converter's bound (`lora_convert.MAX_ABS_VALUE`).
+  converter's bound: the rules `convert-lora` applies (ministream.adapter_rules).
 
 An admitted adapter is renamed into `<output-dir>/<name>` (atomic: vLLM never sees half an
 adapter). A refused one is not written; the reason goes to `<output-dir>/.refused/<name>`
@@ -31,13 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ministream import s3
+from ministream.adapter_rules import (
+    ADAPTER_CONFIG,
+    alpha_problem,
+    is_alpha,
+    is_rank,
+    rank_problem,
+    reported,
+    scale_problem,
+    values_problem,
+)
 from ministream.atomic_file import write_atomic
 from ministream.errors import CheckpointError
-from ministream.lora_convert import MAX_ABS_VALUE
 from ministream.manifest import MANIFEST_NAME, verify_dir
 from ministream.names import RULES
 
-ADAPTER_CONFIG = "adapter_config.json"
 REFUSED_DIR = ".refused"
 MODEL_HASH_ENV = "MINISTREAM_MODEL_HASH"
 
@@ -94,8 +102,9 @@ def _copy_in(uri: str, dest: Path) -> None:
     shutil.copytree(src, dest, dirs_exist_ok=True)
 
 
-def check_adapter(path: Path, *, max_rank: int, base_model_hash: str | None) -> None:
-    """Every reason `path` must not be served, in one CheckpointError (none: it may be)."""
+def check_fetched_adapter(path: Path, *, max_rank: int, base_model_hash: str | None) -> None:
+    """Every reason the converted adapter directory `path` must not be served, in one
+    CheckpointError (none: it may be)."""
     manifest = verify_dir(path)
     problems: list[str] = []
     wanted = manifest.source.get("base_model_hash")
@@ -108,11 +117,13 @@ def check_adapter(path: Path, *, max_rank: int, base_model_hash: str | None) -> 
         config = json.loads((path / ADAPTER_CONFIG).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{ADAPTER_CONFIG}: unreadable ({exc})") from None
-    rank = config.get("r")
-    if not isinstance(rank, int) or rank < 1:
-        problems.append(f"rank r={rank!r} is not a positive integer")
-    elif rank > max_rank:
-        problems.append(f"rank {rank} is above lora.maxRank {max_rank}")
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    problems += reported(
+        rank_problem(rank, max_rank, field=f"{ADAPTER_CONFIG} r", maximum="lora.maxRank"),
+        alpha_problem(alpha, field=f"{ADAPTER_CONFIG} lora_alpha"),
+    )
+    if is_rank(rank) and is_alpha(alpha):
+        problems += reported(scale_problem(alpha, rank, field="lora_alpha"))
     targets = config.get("target_modules") or []
     unknown = sorted(set(targets) - adapter_modules())
     if unknown:
@@ -120,31 +131,19 @@ def check_adapter(path: Path, *, max_rank: int, base_model_hash: str | None) -> 
             f"unknown target modules {', '.join(map(str, unknown))} "
             f"(MiniStream has {', '.join(sorted(adapter_modules()))})"
         )
-    alpha = config.get("lora_alpha")
-    scaled = isinstance(rank, int) and rank > 0 and isinstance(alpha, (int, float))
-    if scaled and abs(alpha) / rank > MAX_ABS_VALUE:
-        problems.append(f"scale lora_alpha / r = {alpha / rank:g} above {MAX_ABS_VALUE:g}")
     problems += _bad_values(path)
     if problems:
         raise CheckpointError("; ".join(problems))
 
 
 def _bad_values(path: Path) -> list[str]:
-    import torch
     from safetensors import safe_open
 
-    non_finite, huge = [], []
+    problems: list[str] = []
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensor = fh.get_tensor(key)
-                if not torch.isfinite(tensor).all():
-                    non_finite.append(key)
-                elif tensor.numel() and tensor.abs().max().item() > MAX_ABS_VALUE:
-                    huge.append(key)
-    problems = [f"NaN or Inf values in {', '.join(non_finite)}"] if non_finite else []
-    if huge:
-        problems.append(f"values above {MAX_ABS_VALUE:g} in {', '.join(huge)}")
+                problems += reported(values_problem(key, fh.get_tensor(key)))
     return problems
 
 
@@ -162,7 +161,7 @@ def fetch_one(
                 raise CheckpointError(
                     f"no {MANIFEST_NAME} (not written by `ministream convert-lora`)"
                 )
-            check_adapter(staging, max_rank=max_rank, base_model_hash=base_model_hash)
+            check_fetched_adapter(staging, max_rank=max_rank, base_model_hash=base_model_hash)
         except CheckpointError as exc:
             reason = f"adapter {spec.name!r} ({spec.uri}) refused: {exc}"
             write_atomic(refused, reason + "\n")

@@ -21,7 +21,6 @@ sane size; the base model hash. Written into a temp directory and renamed into p
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 import tempfile
@@ -33,6 +32,17 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ministream.adapter_rules import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    alpha_problem,
+    is_alpha,
+    is_rank,
+    rank_problem,
+    reported,
+    scale_problem,
+    values_problem,
+)
 from ministream.checkpoint import load_torch_file
 from ministream.convert import DTYPES
 from ministream.errors import CheckpointError
@@ -41,13 +51,8 @@ from ministream.names import DEFAULT_MAX_LORA_RANK, LORA_TARGETS, LoraTarget, lo
 from ministream.output_dir import check_replaceable, make_world_readable, replace_dir
 from ministream.train_config import TrainConfig
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # vLLM's loader strips this prefix from PEFT tensor names (vllm/lora/utils.py).
 PEFT_PREFIX = "base_model.model."
-# Trained LoRA factors are O(1) or smaller; an entry past this is a diverged or corrupt
-# adapter, and in bfloat16/float16 serving it overflows or swamps the base weights.
-MAX_ABS_VALUE = 1e3
 MANIFEST_KIND = "lora_adapter"
 _KEY = re.compile(r"^blocks\.(\d+)\.(.+)\.(lora_A|lora_B)$")
 
@@ -100,24 +105,14 @@ def _config_problems(raw: dict[str, Any], max_rank: int) -> tuple[list[str], int
     if not isinstance(cfg, dict):
         return [*problems, "lora_config is missing or not a dict"], 0, 0.0, []
     r, alpha, targets = cfg.get("r"), cfg.get("alpha"), cfg.get("targets")
-    if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
-        problems.append(f"lora_config.r must be a positive integer, got {r!r}")
-        r = 0
-    elif r > max_rank:
-        problems.append(
-            f"rank {r} is above the maximum rank {max_rank} (--max-rank; vLLM serves ranks up "
-            "to its --max-lora-rank): retrain with a lower rank or raise the maximum"
-        )
-    if (
-        not isinstance(alpha, int | float)
-        or isinstance(alpha, bool)
-        or not math.isfinite(alpha)
-        or alpha <= 0
-    ):
-        problems.append(f"lora_config.alpha must be a positive finite number, got {alpha!r}")
-        alpha = 0.0
-    elif r and alpha / r > MAX_ABS_VALUE:
-        problems.append(f"scale alpha / r = {alpha / r:g} is absurdly large (> {MAX_ABS_VALUE:g})")
+    problems += reported(
+        rank_problem(r, max_rank, field="lora_config.r", maximum="--max-rank"),
+        alpha_problem(alpha, field="lora_config.alpha"),
+    )
+    r = r if is_rank(r) else 0
+    alpha = float(alpha) if is_alpha(alpha) else 0.0
+    if r and alpha:
+        problems += reported(scale_problem(alpha, r, field="alpha"))
     if not isinstance(targets, list | tuple) or not targets:
         problems.append(f"lora_config.targets must be a non-empty list, got {targets!r}")
         targets = []
@@ -170,14 +165,8 @@ def _tensor_problems(
             if tensor.dim() != 2 or tensor.shape[feature] != want[feature]:
                 other_base.append(key)
             continue
-        values = tensor.float()
-        if not torch.isfinite(values).all():
-            bad = int((~torch.isfinite(values)).sum())
-            problems.append(f"{key}: {bad} NaN/Inf value(s)")
-            continue
-        peak = float(values.abs().max()) if values.numel() else 0.0
-        if peak > MAX_ABS_VALUE:
-            problems.append(f"{key}: values up to {peak:.3g}, absurdly large (> {MAX_ABS_VALUE:g})")
+        if bad_values := values_problem(key, tensor):
+            problems.append(bad_values)
             continue
         pairs.setdefault((layer, target), {})[half] = tensor
     for (layer, target), halves in sorted(pairs.items()):
@@ -190,11 +179,13 @@ def _tensor_problems(
     return problems, pairs, other_base
 
 
-def check_adapter(
+def check_training_adapter(
     raw: dict[str, Any], cfg: TrainConfig, base_hash: str, max_rank: int = DEFAULT_MAX_LORA_RANK
 ) -> tuple[int, float, list[str], dict[tuple[int, str], dict[str, torch.Tensor]]]:
-    """Validate an adapter dict against a base; raise one CheckpointError naming all
-    problems. Returns (r, alpha, targets, complete A/B pairs by (layer, target))."""
+    """Validate the training framework's adapter dict against a base (the rules of
+    ministream.adapter_rules, and the tensors against the base's shapes); raise one
+    CheckpointError naming all problems. Returns (r, alpha, targets, complete A/B pairs by
+    (layer, target))."""
     problems, r, alpha, targets = _config_problems(raw, max_rank)
     wanted_hash = raw.get("base_model_hash")
     if wanted_hash is not None and wanted_hash != base_hash:
@@ -243,6 +234,26 @@ def peft_tensors(
     return out
 
 
+def _peft_config(r: int, alpha: float, modules: list[str]) -> str:
+    """adapter_config.json: plain LoRA, as vLLM's LoRA loader reads it."""
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": alpha,
+        "target_modules": modules,
+        "bias": "none",
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "inference_mode": True,
+        "base_model_name_or_path": None,
+    }
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
 def convert_lora(
     adapter: str | Path,
     base: str | Path,
@@ -260,7 +271,7 @@ def convert_lora(
     check_replaceable(output, force)
     cfg, base_hash = read_base(base)
     raw = _load_adapter(adapter)
-    r, alpha, targets, pairs = check_adapter(raw, cfg, base_hash, max_rank)
+    r, alpha, targets, pairs = check_training_adapter(raw, cfg, base_hash, max_rank)
     known = lora_targets(cfg)
     tensors = peft_tensors(pairs, known, DTYPES[dtype])
     # Accounting: each input pair became exactly its modules' A and B, nothing else.
@@ -280,28 +291,7 @@ def convert_lora(
         with tqdm(total=3, desc="convert-lora", disable=not progress) as bar:
             save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
             bar.update()
-            (tmp / ADAPTER_CONFIG).write_text(
-                json.dumps(
-                    {
-                        "peft_type": "LORA",
-                        "task_type": "CAUSAL_LM",
-                        "r": r,
-                        "lora_alpha": alpha,
-                        "target_modules": modules,
-                        "bias": "none",
-                        "lora_dropout": 0.0,
-                        "fan_in_fan_out": False,
-                        "use_rslora": False,
-                        "use_dora": False,
-                        "modules_to_save": None,
-                        "inference_mode": True,
-                        "base_model_name_or_path": None,
-                    },
-                    indent=2,
-                    sort_keys=True,
-                )
-                + "\n"
-            )
+            (tmp / ADAPTER_CONFIG).write_text(_peft_config(r, alpha, modules))
             bar.update()
             manifest = Manifest.build(
                 tmp,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ministream.adapter_rules import ADAPTER_CONFIG
 from ministream.errors import StorageError
 from ministream.manifest import MANIFEST_NAME, Manifest, verify_dir
 from ministream.s3 import (
@@ -143,7 +144,7 @@ def _transfer(
     # even loadable as a model, and the window in which all files but the manifest exist
     # (refused by the load guard) is as short as possible.
     # An adapter directory's adapter_config.json likewise (vLLM reads it first).
-    last = ("config.json", "adapter_config.json")
+    last = ("config.json", ADAPTER_CONFIG)
     phases = [[n for n in names if n not in last], [n for n in names if n in last]]
     try:
         with storage_errors(url, "uploading to"):

@@ -43,6 +43,15 @@ def _unknown_target(d: Path) -> None:
     (d / "adapter_config.json").write_text(json.dumps(config))
 
 
+def _alpha(value: object) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        config = json.loads((d / "adapter_config.json").read_text())
+        config["lora_alpha"] = value
+        (d / "adapter_config.json").write_text(json.dumps(config))
+
+    return edit
+
+
 def _other_base(d: Path) -> None:
     raw = json.loads((d / MANIFEST_NAME).read_text())
     raw["source"]["base_model_hash"] = "f" * 64
@@ -57,9 +66,11 @@ def _huge(d: Path) -> None:
 
 
 HOSTILE = {
-    "nan": (with_nan, ["NaN or Inf"]),
-    "huge": (_huge, ["values above 1000"]),
+    "nan": (with_nan, ["1 NaN/Inf value(s)"]),
+    "huge": (_huge, ["values up to 1e+06, absurdly large (> 1000)"]),
     "unknown-target": (_unknown_target, ["unknown target modules lm_head"]),
+    "huge-scale": (_alpha(1e9), ["scale lora_alpha / r = 1.25e+08 is absurdly large"]),
+    "no-alpha": (_alpha(None), ["lora_alpha must be a positive finite number, got None"]),
 }
 
 
@@ -90,7 +101,8 @@ def test_rank_above_max_rank_and_another_base_are_refused(
     [low] = fetch_all(
         [AdapterSpec("a", str(adapter))], tmp_path / "o1", max_rank=RANK // 2, base_model_hash=None
     )
-    assert low.path is None and f"rank {RANK} is above lora.maxRank {RANK // 2}" in str(low.reason)
+    above = f"rank {RANK} is above the maximum rank {RANK // 2} (lora.maxRank"
+    assert low.path is None and above in str(low.reason)
     [other] = fetch_all(
         [AdapterSpec("a", str(adapter))], tmp_path / "o2", max_rank=RANK, base_model_hash="e" * 64
     )

@@ -17,17 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ministream.adapter_rules import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MAX_ABS_VALUE
 from ministream.cli import main as cli_main
 from ministream.demo import random_adapter
 from ministream.errors import CheckpointError
-from ministream.lora_convert import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    MAX_ABS_VALUE,
-    PEFT_PREFIX,
-    convert_lora,
-    read_base,
-)
+from ministream.lora_convert import PEFT_PREFIX, convert_lora, read_base
 from ministream.manifest import MANIFEST_NAME, Manifest, verify_dir
 from ministream.names import lora_targets
 from tests.support.models import ModelFactory
