@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import yaml
 
@@ -49,27 +49,30 @@ def helm_path(explicit: str | None = None) -> str:
     )
 
 
+class RenderOptions(TypedDict, total=False):
+    set_args: Sequence[str]  # `--set key=value` each (helm's own typing of the value)
+    namespace: str | None
+    extra: Sequence[str]  # further helm arguments
+    helm: str | None  # the binary; None: helm_path's lookup
+
+
 def render_text(
     chart: Path | str = CHART,
     values_files: Sequence[Path | str] = (),
     sets: Mapping[str, Any] | None = None,
-    *,
-    set_args: Sequence[str] = (),
-    namespace: str | None = None,
-    extra: Sequence[str] = (),
-    helm: str | None = None,
+    **options: Unpack[RenderOptions],
 ) -> str:
     """`helm template RELEASE chart` with values files (in order), `sets` as `--set-json
-    key=<value as JSON>`, `set_args` as `--set key=value` (helm's own typing of the value)
-    and any `extra` helm arguments. Raises RenderError with helm's message."""
-    cmd = [helm_path(helm), "template", RELEASE, str(chart), *extra]
-    if namespace is not None:
+    key=<value as JSON>` and the `options`. Raises RenderError with helm's message."""
+    cmd = [helm_path(options.get("helm")), "template", RELEASE, str(chart)]
+    cmd += options.get("extra", ())
+    if (namespace := options.get("namespace")) is not None:
         cmd += ["--namespace", namespace]
     for f in values_files:
         cmd += ["-f", str(f)]
     for key, value in (sets or {}).items():
         cmd += ["--set-json", f"{key}={json.dumps(value)}"]
-    for s in set_args:
+    for s in options.get("set_args", ()):
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_SECONDS)
     if proc.returncode != 0:
@@ -86,14 +89,7 @@ def render(
     chart: Path | str = CHART,
     values_files: Sequence[Path | str] = (),
     sets: Mapping[str, Any] | None = None,
-    *,
-    set_args: Sequence[str] = (),
-    namespace: str | None = None,
-    extra: Sequence[str] = (),
-    helm: str | None = None,
+    **options: Unpack[RenderOptions],
 ) -> list[dict[str, Any]]:
     """Every object `render_text` renders."""
-    text = render_text(
-        chart, values_files, sets, set_args=set_args, namespace=namespace, extra=extra, helm=helm
-    )
-    return documents(text)
+    return documents(render_text(chart, values_files, sets, **options))

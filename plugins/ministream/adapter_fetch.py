@@ -30,17 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ministream import adapter_rules as rules
 from ministream import s3
-from ministream.adapter_rules import (
-    ADAPTER_CONFIG,
-    alpha_problem,
-    is_alpha,
-    is_rank,
-    rank_problem,
-    reported,
-    scale_problem,
-    values_problem,
-)
 from ministream.atomic_file import write_atomic
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, verify_dir
@@ -114,16 +105,18 @@ def check_fetched_adapter(path: Path, *, max_rank: int, base_model_hash: str | N
             "(convert it against this base with `ministream convert-lora`)"
         )
     try:
-        config = json.loads((path / ADAPTER_CONFIG).read_text())
+        config = json.loads((path / rules.ADAPTER_CONFIG).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{ADAPTER_CONFIG}: unreadable ({exc})") from None
+        raise CheckpointError(f"{rules.ADAPTER_CONFIG}: unreadable ({exc})") from None
     rank, alpha = config.get("r"), config.get("lora_alpha")
-    problems += reported(
-        rank_problem(rank, max_rank, field=f"{ADAPTER_CONFIG} r", maximum="lora.maxRank"),
-        alpha_problem(alpha, field=f"{ADAPTER_CONFIG} lora_alpha"),
+    problems += rules.reported(
+        rules.rank_problem(
+            rank, max_rank, field=f"{rules.ADAPTER_CONFIG} r", maximum="lora.maxRank"
+        ),
+        rules.alpha_problem(alpha, field=f"{rules.ADAPTER_CONFIG} lora_alpha"),
     )
-    if is_rank(rank) and is_alpha(alpha):
-        problems += reported(scale_problem(alpha, rank, field="lora_alpha"))
+    if rules.is_rank(rank) and rules.is_alpha(alpha):
+        problems += rules.reported(rules.scale_problem(alpha, rank, field="lora_alpha"))
     targets = config.get("target_modules") or []
     unknown = sorted(set(targets) - adapter_modules())
     if unknown:
@@ -143,7 +136,7 @@ def _bad_values(path: Path) -> list[str]:
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-                problems += reported(values_problem(key, fh.get_tensor(key)))
+                problems += rules.reported(rules.values_problem(key, fh.get_tensor(key)))
     return problems
 
 

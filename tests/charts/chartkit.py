@@ -127,6 +127,18 @@ def run_helm(args: list[str], major: int = 4) -> subprocess.CompletedProcess[str
     return subprocess.run([helm_binary(major), *args], capture_output=True, text=True, timeout=60)
 
 
+def render_notes(*values_files: Path | str, set_args: tuple[str, ...] = ()) -> str:
+    """NOTES.txt as `helm install` shows it (helm 4's client-side dry run needs no cluster)."""
+    args = ["install", RELEASE, str(CHART), "--dry-run=client", "-n", NAMESPACE]
+    for f in values_files:
+        args += ["-f", str(f)]
+    for s in set_args:
+        args += ["--set", s]
+    proc = run_helm(args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
 @functools.cache
 def _render(
     values_files: tuple[str, ...],

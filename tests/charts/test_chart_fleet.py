@@ -24,7 +24,6 @@ from chartkit import (
     CHART,
     KUBE_VERSIONS,
     NAMESPACE,
-    RELEASE,
     ROOT,
     SCENARIOS,
     HelmError,
@@ -274,7 +273,7 @@ def test_hpa_reads_the_generated_adapter_metrics(tmp_path: Path) -> None:
 
 
 def test_scale_to_zero_notes_cite_a_cold_start_measured_here(tmp_path: Path) -> None:
-    from chartkit import run_helm
+    from chartkit import render_notes
 
     over = write(
         tmp_path,
@@ -286,22 +285,7 @@ def test_scale_to_zero_notes_cite_a_cold_start_measured_here(tmp_path: Path) -> 
             }
         },
     )
-    proc = run_helm(
-        [
-            "install",
-            RELEASE,
-            str(CHART),
-            "--dry-run=client",
-            "-n",
-            NAMESPACE,
-            "-f",
-            str(BASE),
-            "-f",
-            str(over),
-        ]
-    )
-    assert proc.returncode == 0, proc.stderr
-    notes = " ".join(proc.stdout.split("NOTES:", 1)[1].split())
+    notes = " ".join(render_notes(BASE, over).split())
     assert "Scale to zero" in notes
     figures = re.findall(r"(\d+\.\d)-(\d+\.\d) s \(", notes)
     bench = (DOCS / "benchmarks.md").read_text()

@@ -6,7 +6,7 @@ warning there would be wrong."""
 from __future__ import annotations
 
 import pytest
-from chartkit import CHART, RELEASE, render, run_helm
+from chartkit import CHART, render, render_notes
 
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 WARNING = "can call /warmup and /drain"
@@ -27,10 +27,7 @@ CASES = {
 
 
 def _notes(sets: list[str]) -> str:
-    args = ["install", RELEASE, str(CHART), "--dry-run=client", "-n", "serving", "-f", str(BASE)]
-    proc = run_helm(args + [a for s in sets for a in ("--set", s)])
-    assert proc.returncode == 0, proc.stderr
-    return " ".join(proc.stdout.split("NOTES:", 1)[1].split())
+    return " ".join(render_notes(BASE, set_args=tuple(sets)).split())
 
 
 def _open_to_the_network(sets: list[str]) -> bool:

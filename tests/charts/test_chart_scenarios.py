@@ -19,10 +19,10 @@ import pytest
 from chartkit import (
     CHART,
     KUBE_VERSIONS,
-    RELEASE,
     SCENARIOS,
     Rendered,
     render,
+    render_notes,
     run_helm,
     scenario_id,
     scenario_values,
@@ -170,20 +170,7 @@ def test_crd_check_catches_an_unknown_field() -> None:
 def test_notes_render(scenario_file: Path) -> None:
     """NOTES.txt (shown by `helm install`) renders and states the derived facts. Helm 4's
     client-side dry run needs no cluster."""
-    proc = run_helm(
-        [
-            "install",
-            RELEASE,
-            str(CHART),
-            "--dry-run=client",
-            "-n",
-            "serving",
-            "-f",
-            str(scenario_file),
-        ]
-    )
-    assert proc.returncode == 0, proc.stderr
-    notes = proc.stdout.split("NOTES:", 1)[1]
+    notes = render_notes(scenario_file)
     values = scenario_values(scenario_file)
     tp = values["parallelism"]["tensor"] or values["tensorParallelSize"] or 1
     assert f"tensor-parallel size {tp}" in notes
