@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,12 @@ from ministream_loadtest.bad_release import (
 )
 from ministream_loadtest.chart_pod import LOCAL_RUN_VALUES
 from ministream_loadtest.fleet import Pod, PodTemplate
-from ministream_loadtest.haproxy import Slot, find_haproxy
+from ministream_loadtest.haproxy import Slot
 from ministream_loadtest.kube_play import pod_manifest
 from ministream_loadtest.podman_fleet import template_values
 from ministream_sidecar.processes import Child
-from ministream_testkit.helm import helm_path, render
-from tests.loadtest.test_loadtest_rollout import CHART, VLLM_ARGS
+from ministream_testkit.helm import render
+from tests.loadtest.test_loadtest_rollout import CHART, run_experiment
 
 DRAIN_TIMEOUT = {"sidecar.drainTimeoutSeconds": 10}
 
@@ -45,48 +44,11 @@ def rendered_deployment(sets: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def crash(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    find_haproxy()  # a missing HAProxy fails here, naming scripts/install_haproxy.sh
     output = tmp_path_factory.mktemp("bad-release") / "bad-release.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ministream_loadtest",
-        "bad-release",
-        "--replicas",
-        "1",
-        "--kind",
-        "crash",
-        "--stall-seconds",
-        "0",
-        "--rate",
-        "4",
-        "--lead-in",
-        "3",
-        "--tail",
-        "3",
-        "--output",
-        str(output),
-        "--model",
-        str(tiny_model_dir),
-        "--served-model-name",
-        "ministream-tiny",
-        "--chart",
-        str(CHART),
-        "--helm",
-        helm_path(),
-        *(f"--chart-set={k}={json.dumps(v)}" for k, v in DRAIN_TIMEOUT.items()),
-        "--",
-        *VLLM_ARGS,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=1800)
-    except BaseException:  # timeout or Ctrl-C: SIGTERM lets the command stop its pods
-        proc.terminate()
-        proc.communicate(timeout=120)
-        raise
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    report: dict[str, Any] = json.loads(output.read_text())
+    args = ["--replicas", "1", "--kind", "crash", "--stall-seconds", "0", "--rate", "4"]
+    args += ["--lead-in", "3", "--tail", "3"]
+    args += [f"--chart-set={k}={json.dumps(v)}" for k, v in DRAIN_TIMEOUT.items()]
+    report, stdout = run_experiment("bad-release", tiny_model_dir, output, args, timeout=1800)
     report["_stdout"] = stdout
     return report
 

@@ -21,6 +21,7 @@ import itertools
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,41 +46,30 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ministream"  # the experiment replays this chart's rendered pod
 
 
-def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
+def run_experiment(
+    command: str, model: Path, output: Path, args: Sequence[str], timeout: float
+) -> tuple[dict[str, Any], str]:
+    """`ministream-loadtest COMMAND ARGS` on the tiny model with this checkout's chart: its
+    JSON report and its standard output."""
     find_haproxy()  # a missing HAProxy fails here, naming scripts/install_haproxy.sh
-    output = out / "rollout.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ministream_loadtest",
-        "rollout",
-        "--replicas",
-        "2",
-        "--output",
-        str(output),
-        "--model",
-        str(model),
-        "--served-model-name",
-        "ministream-tiny",
-        "--rate",
-        RATE,
-        "--chart",
-        str(CHART),
-        "--helm",
-        helm_path(),
-        *extra,
-        "--",
-        *VLLM_ARGS,
-    ]
+    cmd = [sys.executable, "-m", "ministream_loadtest", command, *args, "--output", str(output)]
+    cmd += ["--model", str(model), "--served-model-name", "ministream-tiny"]
+    cmd += ["--chart", str(CHART), "--helm", helm_path(), "--", *VLLM_ARGS]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = proc.communicate(timeout=3300)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException:  # timeout or Ctrl-C: SIGTERM lets the command stop its pods
         proc.terminate()
         proc.communicate(timeout=120)
         raise
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
     report: dict[str, Any] = json.loads(output.read_text())
+    return report, stdout
+
+
+def run_rollout(model: Path, out: Path, *extra: str) -> dict[str, Any]:
+    args = ["--replicas", "2", "--rate", RATE, *extra]
+    report, _ = run_experiment("rollout", model, out / "rollout.json", args, timeout=3300)
     report["_raw"] = json.loads(Path(report["load"]["raw_result"]).read_text())
     return report
 
