@@ -11,7 +11,6 @@ Secret is dropped, and addresses become free local ports.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 
 from ministream_testkit.helm import CHART, render
+from ministream_testkit.local_server import LocalServer
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_process
 from ministream_testkit.waiting import wait_until
@@ -115,7 +115,7 @@ def local_args(
 
 
 @dataclass
-class RouterProcess:
+class RouterProcess(LocalServer):
     """One vllm-router on 127.0.0.1 in front of `workers`, its log in `log_path`."""
 
     workers: Sequence[str]
@@ -125,13 +125,7 @@ class RouterProcess:
     extra: dict[str, str] = field(default_factory=dict)
     more_args: Sequence[str] = ()  # appended as they are (flags that repeat)
     pd: tuple[str, str] | None = None  # P/D mode: (prefill URL, decode URL); workers unused
-    port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def metrics_url(self) -> str:
@@ -157,9 +151,7 @@ class RouterProcess:
     def start(self, timeout: float = 120.0) -> RouterProcess:
         if not VLLM_ROUTER.exists():
             raise FileNotFoundError(INSTALL_HINT)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        self.launch(self.command(), self.log_path)
 
         def up() -> bool:
             assert self.process is not None

@@ -7,7 +7,6 @@ script, which the CPU build breaks (docs/architecture.md §3).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar import cpu_memory
 from ministream_sidecar.engine_client import RequestCounts, parse_request_counts
-from ministream_testkit.net import answers, free_port
+from ministream_testkit.local_server import LocalServer
+from ministream_testkit.net import answers
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
 
@@ -59,18 +59,12 @@ def metrics_text(url: str) -> str:
 
 
 @dataclass
-class VLLMServer:
+class VLLMServer(LocalServer):
     model: str
     log_path: Path
     served_name: str = "ministream"
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def startup_log(self) -> Path:
@@ -103,11 +97,7 @@ class VLLMServer:
             STARTUP_LOG_ENV: str(self.startup_log),
             **self.env,
         }
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        self.launch(self.command(), self.log_path, env=env, own_group=True)
         return self
 
     def wait_healthy(self, timeout: float = 600.0) -> VLLMServer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,8 @@ import yaml
 from ministream_observability.catalog import CLUSTER_ONLY
 from ministream_observability.generate import Query
 from ministream_observability.promql import metric_names
-from ministream_testkit.net import answers, free_port
+from ministream_testkit.local_server import LocalServer
+from ministream_testkit.net import answers
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
 from tests.support import tools
@@ -73,7 +74,7 @@ class ScrapeTarget:
 
 
 @dataclass
-class PrometheusServer:
+class PrometheusServer(LocalServer):
     """A real Prometheus on 127.0.0.1, a free port and its own data dir, scraping every 2 s.
 
     Not every 1 s: a scrape must answer within its interval, and the busy engine's API
@@ -85,12 +86,6 @@ class PrometheusServer:
     targets: Sequence[ScrapeTarget]
     rule_files: Sequence[Path] = ()
     interval: str = "2s"
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -119,19 +114,14 @@ class PrometheusServer:
         config.write_text(yaml.safe_dump(self.config()))
         check = promtool("check", "config", config)
         assert check.returncode == 0, check.stdout + check.stderr
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(
-            [
-                binary("prometheus"),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=1d",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        command = [
+            binary("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1d",
+        ]
+        self.launch(command, self.log_path, own_group=True)
 
         def ready() -> bool:
             assert self.process is not None
