@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -116,6 +117,31 @@ class Rendered:
             return template
         lwt = workload["spec"]["leaderWorkerTemplate"]
         return lwt["leaderTemplate"] if role == "leader" else lwt["workerTemplate"]
+
+
+def admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
+    """Whether an ingress rule of a NetworkPolicy lets a same-namespace pod with `labels` in on
+    `port` (a rule's port, or its port..endPort range; podSelector peers by matchLabels, an
+    empty podSelector admits every pod)."""
+    for rule in policy["spec"]["ingress"]:
+        ranges = [(p["port"], p.get("endPort", p["port"])) for p in rule.get("ports", [])]
+        if not any(lo <= port <= hi for lo, hi in ranges):
+            continue
+        for peer in rule.get("from", []):
+            if "namespaceSelector" in peer or "podSelector" not in peer:
+                continue
+            if peer["podSelector"].get("matchLabels", {}).items() <= labels.items():
+                return True
+    return False
+
+
+def up_alert_pods(rendered: Rendered) -> str:
+    """The pod regex of the rendered PrometheusRule's `up{...}` alert."""
+    rules = rendered.one("PrometheusRule")["spec"]["groups"]
+    (up,) = [r["expr"] for g in rules for r in g["rules"] if r["expr"].startswith("up{")]
+    pattern = re.search(r'pod=~"([^"]+)"', up)
+    assert pattern, up
+    return pattern.group(1)
 
 
 def _is_router(doc: dict[str, Any]) -> bool:

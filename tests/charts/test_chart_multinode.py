@@ -19,7 +19,7 @@ from typing import Any
 import crdkit
 import kubernetes_validate
 import pytest
-from chartkit import CHART, KUBE_VERSIONS, HelmError, Rendered, render
+from chartkit import CHART, KUBE_VERSIONS, HelmError, Rendered, render, up_alert_pods
 
 BASE = CHART / "ci" / "local-tp1-values.yaml"
 MULTI = CHART / "ci" / "multinode-2x8-values.yaml"
@@ -356,14 +356,11 @@ def test_alert_rules_count_the_leaders_only(tmp_path: Path) -> None:
     """vLLM's metrics come from the leaders "<lws>-<group>"; workers ("-<i>") have none."""
     over = {"monitoring": {"prometheusRule": {"enabled": True}}}
     out = render(MULTI, write(tmp_path, over))
-    exprs = [r["expr"] for g in out.one("PrometheusRule")["spec"]["groups"] for r in g["rules"]]
-    (up,) = [e for e in exprs if e.startswith("up{")]
-    pattern = re.search(r'pod=~"([^"]+)"', up)
-    assert pattern
+    pattern = up_alert_pods(out)
     name = out.one("LeaderWorkerSet")["metadata"]["name"]
-    assert re.fullmatch(pattern.group(1), f"{name}-0")
-    assert re.fullmatch(pattern.group(1), f"{name}-12")
-    assert not re.fullmatch(pattern.group(1), f"{name}-0-1")
+    assert re.fullmatch(pattern, f"{name}-0")
+    assert re.fullmatch(pattern, f"{name}-12")
+    assert not re.fullmatch(pattern, f"{name}-0-1")
 
 
 # ---------------------------------------------------------------- refused layouts and the alias

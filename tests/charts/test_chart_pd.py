@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chartkit import CHART, POOL_LABEL, HelmError, Rendered, render
+from chartkit import CHART, POOL_LABEL, HelmError, Rendered, admits, render, up_alert_pods
 
 from tests.support import tools
 
@@ -170,21 +170,6 @@ def test_nixl_env_ports_and_policy_agree(pd: Rendered) -> None:
     assert not admits(policy, labels["prefill"], low - 1)
 
 
-def admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
-    """Whether an ingress rule lets a same-namespace pod with `labels` in on `port` (a rule's
-    port, or its port..endPort range)."""
-    for rule in policy["spec"]["ingress"]:
-        ranges = [(p["port"], p.get("endPort", p["port"])) for p in rule.get("ports", [])]
-        if not any(lo <= port <= hi for lo, hi in ranges):
-            continue
-        for peer in rule.get("from", []):
-            if "namespaceSelector" in peer or "podSelector" not in peer:
-                continue
-            if peer["podSelector"].get("matchLabels", {}).items() <= labels.items():
-                return True
-    return False
-
-
 def test_one_budget_over_both_pools(pd: Rendered) -> None:
     (pdb,) = pd.serving("PodDisruptionBudget")
     match = pdb["spec"]["selector"]["matchLabels"]
@@ -196,14 +181,11 @@ def test_one_budget_over_both_pools(pd: Rendered) -> None:
 def test_alert_rules_match_the_pools_pods(tmp_path: Path) -> None:
     over = {"monitoring": {"prometheusRule": {"enabled": True}}}
     out = render(PD, write(tmp_path, over))
-    exprs = [r["expr"] for g in out.one("PrometheusRule")["spec"]["groups"] for r in g["rules"]]
-    (up,) = [e for e in exprs if e.startswith("up{")]
-    pattern = re.search(r'pod=~"([^"]+)"', up)
-    assert pattern
+    pattern = up_alert_pods(out)
     for pool in POOLS:
         name = out.workload(pool)["metadata"]["name"]
-        assert re.fullmatch(pattern.group(1), f"{name}-5d9c7b9f8-x2x7q")
-    assert not re.fullmatch(pattern.group(1), "ms-ministream-router-5d9c7b9f8-x2x7q")
+        assert re.fullmatch(pattern, f"{name}-5d9c7b9f8-x2x7q")
+    assert not re.fullmatch(pattern, "ms-ministream-router-5d9c7b9f8-x2x7q")
 
 
 # ---------------------------------------------------------------- the router

@@ -19,7 +19,7 @@ from typing import Any
 import crdkit
 import kubernetes_validate
 import pytest
-from chartkit import CHART, KUBE_VERSIONS, NAMESPACE, HelmError, Rendered, render
+from chartkit import CHART, KUBE_VERSIONS, NAMESPACE, HelmError, Rendered, admits, render
 from test_chart_scenarios import validate_monitoring
 
 from tests.support import tools
@@ -248,20 +248,6 @@ def test_without_api_key_the_router_gets_none(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- network, budget, scrape
-
-
-def admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
-    """Whether an ingress rule of the policy lets a same-namespace pod with `labels` in on
-    `port` (podSelector peers by matchLabels; an empty podSelector admits every pod)."""
-    for rule in policy["spec"]["ingress"]:
-        if port not in [p["port"] for p in rule.get("ports", [])]:
-            continue
-        for peer in rule.get("from", []):
-            if "namespaceSelector" in peer or "podSelector" not in peer:
-                continue
-            if peer["podSelector"].get("matchLabels", {}).items() <= labels.items():
-                return True
-    return False
 
 
 def test_serving_policy_admits_the_router_on_8000_only(tmp_path: Path) -> None:
