@@ -23,7 +23,6 @@ MAX_LINES = 80
 MAX_LISTED = 8
 # "path::qualname" of the functions over MAX_LINES today.
 LONG = {
-    "plugins/ministream/lora_convert.py::convert_lora",
     "scripts/bench_routing.py::main",
     "scripts/gpu/capture_sizes.py::run",
     "scripts/gpu/cold_start.py::run",
