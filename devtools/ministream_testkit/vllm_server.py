@@ -2,14 +2,20 @@
 
 `python -m vllm.entrypoints.openai.api_server` is used instead of the `vllm` console
 script, which the CPU build breaks (docs/architecture.md §3).
+
+The benchmark scripts start their servers through it too (scripts/gpu/cold_start.py and
+kv_offload.py on a GPU host): a subclass gives a pod's own command line, `test_env=False`
+leaves the tests' environment out, and `on_line` sees each output line as it arrives.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +73,14 @@ def metrics_text(url: str) -> str:
 
 @dataclass
 class VLLMServer:
+    """One vLLM OpenAI server in its own process group, its output in `log_path`.
+
+    `test_env=False`: the process gets this process's environment and `env` only, without
+    the tests' pinned CPU cache, offline hub and startup log (a benchmark that starts what a
+    pod runs). `on_line`: called with each line of output (newline removed) as it arrives,
+    from a reader thread; the lines still go to `log_path`.
+    """
+
     model: str
     log_path: Path
     served_name: str = "ministream"
@@ -74,6 +88,9 @@ class VLLMServer:
     env: Mapping[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    test_env: bool = True
+    on_line: Callable[[str], None] | None = None
+    _reader: threading.Thread | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -100,24 +117,49 @@ class VLLMServer:
             *self.args,
         ]
 
-    def start(self) -> VLLMServer:
-        env = {
-            **os.environ,
+    def environment(self) -> dict[str, str]:
+        """The server process's environment: this process's, the tests' (unless `test_env`
+        is off), then `env`."""
+        tests = {
             # Several test servers run side by side: the same small cache on every machine.
             **cpu_memory.pinned(),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
             STARTUP_LOG_ENV: str(self.startup_log),
-            **self.env,
         }
+        return {**os.environ, **(tests if self.test_env else {}), **self.env}
+
+    def start(self) -> VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
         self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.command(),
+            stdout=log if self.on_line is None else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
+            start_new_session=True,
         )
+        if self.on_line is not None:
+            self._reader = threading.Thread(
+                target=self._read_lines, args=(self.process, log, self.on_line), daemon=True
+            )
+            self._reader.start()
         return self
 
-    def wait_healthy(self, timeout: float = 600.0) -> VLLMServer:
+    @staticmethod
+    def _read_lines(
+        process: subprocess.Popen[bytes], log: io.BufferedWriter, on_line: Callable[[str], None]
+    ) -> None:
+        """Hand each output line to `on_line` and write it to the log, until the output ends.
+        Lines split as a text-mode pipe splits them (a `\r` of a progress bar ends one)."""
+        assert process.stdout is not None
+        with log, io.TextIOWrapper(process.stdout, errors="replace") as lines:
+            for line in lines:
+                on_line(line.rstrip("\n"))
+                log.write(line.encode(errors="replace"))
+                log.flush()
+
+    def wait_healthy(self, timeout: float = 600.0, interval: float = 0.5) -> VLLMServer:
         def healthy() -> bool:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -126,7 +168,9 @@ class VLLMServer:
                 )
             return answers(f"{self.url}/health")
 
-        wait_until(healthy, timeout, 0.5, what=f"vLLM healthy at {self.url}", detail=self.log_tail)
+        wait_until(
+            healthy, timeout, interval, what=f"vLLM healthy at {self.url}", detail=self.log_tail
+        )
         return self
 
     def wait_exit(self, timeout: float = 600.0) -> int:
@@ -139,9 +183,12 @@ class VLLMServer:
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self) -> None:
-        """SIGTERM the server's process group (it spawns the engine core), then SIGKILL."""
-        stop_group(self.process)
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server's process group (it spawns the engine core), then SIGKILL
+        after `grace_s`; with `on_line`, wait up to 5 s for the last lines."""
+        stop_group(self.process, grace_s)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
 
     @contextmanager
     def running(self) -> Iterator[VLLMServer]:

@@ -76,7 +76,7 @@ di=plugins/ministream_serving-0.0.0.dist-info
 mkdir -p $di
 printf 'Metadata-Version: 2.1\nName: ministream-serving\nVersion: 0.0.0\n' > $di/METADATA
 printf '[vllm.general_plugins]\nministream = ministream:register\n' > $di/entry_points.txt
-export PYTHONPATH=$PWD/plugins:$PWD/service:$PWD/devtools:${PYTHONPATH:-}
+export PYTHONPATH=$PWD/plugins:$PWD/service:$PWD/loadtest:$PWD/devtools:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 
 probe() {  # name, timeout, args...

@@ -309,7 +309,12 @@ def _run(
         os.environ
         | {
             "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "plugins"), str(ROOT / "devtools"), os.environ.get("PYTHONPATH", "")]
+                [
+                    str(ROOT / "plugins"),
+                    str(ROOT / "loadtest"),
+                    str(ROOT / "devtools"),
+                    os.environ.get("PYTHONPATH", ""),
+                ]
             ),
             **cpu_memory.pinned(),  # next to the tests' other engines
         }
