@@ -38,7 +38,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from forward_parity import _prompts, another_round, shape_figure  # noqa: E402
+from forward_parity import (  # noqa: E402
+    _prompts,
+    add_round_options,
+    another_round,
+    shape_figure,
+)
 from paired_stats import fmt_ratio, instance_ratio_summary  # noqa: E402
 
 from ministream_loadtest.reports import write_json  # noqa: E402
@@ -375,15 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batches", default=BATCHES, help="decode batch sizes, comma-separated")
     r.add_argument("--prompt-len", type=int, default=128)
     r.add_argument("--decode-steps", type=int, default=32)
-    r.add_argument("--rounds", type=int, default=100, help="at most this many rounds")
-    r.add_argument("--min-rounds", type=int, default=2)
-    r.add_argument("--budget-s", type=float, default=300, help="no new round after this")
-    r.add_argument(
-        "--stop-after-s",
-        type=float,
-        default=1e9,
-        help="no new round this many seconds after the process started (fits a time limit)",
-    )
+    add_round_options(r, rounds=100, min_rounds=2, budget_s=300)
     r.add_argument(
         "--llm-args",
         default='{"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilization": 0.05, '

@@ -135,6 +135,23 @@ def _prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[s
     ]
 
 
+def add_round_options(
+    parser: argparse.ArgumentParser, *, rounds: int, min_rounds: int, budget_s: float
+) -> None:
+    """The options `another_round` reads, with a script's defaults."""
+    parser.add_argument("--rounds", type=int, default=rounds, help="at most this many rounds")
+    parser.add_argument("--min-rounds", type=int, default=min_rounds)
+    parser.add_argument(
+        "--budget-s", type=float, default=budget_s, help="no new round after this many seconds"
+    )
+    parser.add_argument(
+        "--stop-after-s",
+        type=float,
+        default=1e9,
+        help="no new round this many seconds after the process started (fits a time limit)",
+    )
+
+
 def another_round(rounds: int, args: argparse.Namespace, t_start: float, started: float) -> bool:
     """Whether to run one more round: below `--rounds`, and below `--min-rounds` or within
     both the budget (`t_start`, perf_counter) and `--stop-after-s` (`started`, epoch s)."""
@@ -162,22 +179,12 @@ def _parser() -> argparse.ArgumentParser:
         default=5,
         help="back-to-back prefills per engine, shape and round; their median is the figure",
     )
-    parser.add_argument("--rounds", type=int, default=48, help="at most this many rounds")
+    add_round_options(parser, rounds=48, min_rounds=6, budget_s=240)
     parser.add_argument(
         "--instances",
         type=int,
         default=1,
         help="engines of each kind (plugin, llama_a, llama_b); > 1 adds replicated figures",
-    )
-    parser.add_argument("--min-rounds", type=int, default=6)
-    parser.add_argument(
-        "--stop-after-s",
-        type=float,
-        default=1e9,
-        help="no new round this many seconds after the process started (fits a time limit)",
-    )
-    parser.add_argument(
-        "--budget-s", type=float, default=240, help="no new round after this many seconds"
     )
     parser.add_argument(
         "--llm-args",
