@@ -7,6 +7,9 @@ arrival time, polls GET /health, then sends the sidecar's warmup (the chart's re
 count, concurrency, prompt and output lengths) and stops the server with SIGTERM.
 ministream_sidecar.startup_phases (the parser the sidecar's cold-start metrics use) turns
 the lines into phases; the result goes to OUT/NAME.json and the stamped log to OUT/NAME.log.
+The process is started, polled and stopped by ministream_testkit's VLLMServer (`PodServer`:
+the pod's own command line, none of the tests' environment, each line handed over as it
+arrives).
 
     python scripts/gpu/cold_start.py run --name chart-fresh --mode chart --model DIR \
         --out OUT --cache-root /tmp/cache/a --fresh-cache
