@@ -12,7 +12,8 @@ chat of TURNS turns that resends its history (the system prompt, every earlier q
 answer) plus a new question. Requests leave at a fixed RATE in a shuffled turn-major order;
 a user's turn waits for their previous one. Per policy and round: each replica's prefix-cache
 hit rate from vLLM's `vllm:prefix_cache_hits`/`vllm:prefix_cache_queries` deltas (and all
-replicas together), TTFT p50/p99 (streamed), output tokens/s, failures, and the router's
+replicas together), TTFT p50/p99 (streamed, to the first token's text:
+ministream_loadtest.streaming), output tokens/s, failures, and the router's
 `vllm_router_prefix_routing_decisions_total` by outcome. Summary: per policy the median over
 rounds; each policy / round_robin as a paired ratio over rounds with a t-interval
 (interval_stats.paired_ratio_interval).
@@ -42,9 +43,11 @@ from typing import Any
 
 import httpx
 from interval_stats import paired_ratio_interval
+from prometheus_client.parser import text_string_to_metric_families
 
+from ministream_loadtest.streaming import StreamTiming, timed_completion, ttft_percentiles_s
 from ministream_testkit.net import free_port
-from ministream_testkit.provenance import stamp
+from ministream_testkit.results import write_json
 from ministream_testkit.router import RouterProcess, chart_router_args, chart_router_engine_args
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
 
@@ -136,51 +139,25 @@ def order(w: Workload, seed: int) -> list[tuple[int, int]]:
     return out
 
 
-async def _one(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> dict[str, Any]:
-    body = {
-        "model": "ministream",
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    t0 = time.perf_counter()
-    ttft = None
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                return {"ok": False, "status": resp.status_code}
-            async for line in resp.aiter_lines():
-                if ttft is None and line.startswith("data: ") and line != "data: [DONE]":
-                    ttft = time.perf_counter() - t0
-    except httpx.HTTPError as exc:
-        return {"ok": False, "status": type(exc).__name__}
-    e2e = time.perf_counter() - t0
-    return {"ok": True, "ttft": e2e if ttft is None else ttft, "e2e": e2e}
-
-
-async def run_block(router: RouterProcess, w: Workload, seed: int) -> list[dict[str, Any]]:
+async def run_block(
+    router: RouterProcess, model: str, w: Workload, seed: int
+) -> list[StreamTiming]:
     prompts, plan = chats(w, seed), order(w, seed)
     done = {(u, t): asyncio.Event() for u, t in plan}
-    results: list[dict[str, Any]] = []
+    results: list[StreamTiming] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
 
         async def send(i: int, u: int, t: int) -> None:
             await asyncio.sleep(i / w.rate)
             if t > 0:
                 await done[(u, t - 1)].wait()
-            results.append(await _one(client, router.url, prompts[u][t], w.output_tokens))
+            results.append(
+                await timed_completion(client, router.url, model, prompts[u][t], w.output_tokens)
+            )
             done[(u, t)].set()
 
         await asyncio.gather(*(send(i, u, t) for i, (u, t) in enumerate(plan)))
     return results
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def _counters(replicas: list[VLLMServer]) -> list[tuple[float, float]]:
@@ -190,13 +167,19 @@ def _counters(replicas: list[VLLMServer]) -> list[tuple[float, float]]:
     ]
 
 
-def _decisions(router: RouterProcess) -> dict[str, float]:
+def decisions(metrics_text: str) -> dict[str, float]:
+    """The router's prefix-routing decisions by outcome (summed over other labels)."""
     out: dict[str, float] = {}
-    for line in httpx.get(router.metrics_url, timeout=10).text.splitlines():
-        if line.startswith(DECISIONS + "{") and 'outcome="' in line:
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == DECISIONS and "outcome" in sample.labels:
+                outcome = sample.labels["outcome"]
+                out[outcome] = out.get(outcome, 0.0) + sample.value
     return out
+
+
+def _decisions(router: RouterProcess) -> dict[str, float]:
+    return decisions(httpx.get(router.metrics_url, timeout=10).text)
 
 
 def measure(
@@ -204,7 +187,7 @@ def measure(
 ) -> dict[str, Any]:
     before, decisions_before = _counters(replicas), _decisions(router)
     t0 = time.perf_counter()
-    results = asyncio.run(run_block(router, w, seed))
+    results = asyncio.run(run_block(router, replicas[0].served_name, w, seed))
     wall = time.perf_counter() - t0
     after, decisions_after = _counters(replicas), _decisions(router)
     per_replica = []
@@ -212,16 +195,16 @@ def measure(
         per_replica.append({"hits": h1 - h0, "queries": q1 - q0})
     hits = sum(r["hits"] for r in per_replica)
     queries = sum(r["queries"] for r in per_replica)
-    ok = [r for r in results if r["ok"]]
-    ttft = [r["ttft"] for r in ok]
+    ok = [r for r in results if r.ok]
+    ttft_p50, ttft_p99 = ttft_percentiles_s(results)
     return {
         "seed": seed,
         "requests": len(results),
         "failed": len(results) - len(ok),
-        "failures": sorted({str(r["status"]) for r in results if not r["ok"]}),
+        "failures": sorted({str(r.failure) for r in results if not r.ok}),
         "wall_s": wall,
-        "ttft_p50_s": statistics.median(ttft) if ttft else None,
-        "ttft_p99_s": _pct(ttft, 0.99) if ttft else None,
+        "ttft_p50_s": ttft_p50,
+        "ttft_p99_s": ttft_p99,
         "output_tok_s": len(ok) * w.output_tokens / wall,
         "hit_rate": hits / queries if queries else None,
         "replicas": [
@@ -333,7 +316,7 @@ def start_replicas(replicas: list[VLLMServer], first_alone: bool) -> None:
         r.wait_healthy()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -387,13 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start the first replica alone, then the others (they read its compile cache)",
     )
-    args = p.parse_args(argv)
-    if args.write_chart_router:
-        target = Path(args.write_chart_router)
-        tmp = target.with_suffix(".tmp")  # a failed render leaves the committed file as it was
-        tmp.write_text(json.dumps(chart_router(None), indent=2) + "\n")
-        tmp.replace(target)
-        return 0
+    return p
+
+
+def _checked(
+    p: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The policies and the chart's router and engine arguments, or a usage error."""
     if not (args.model and args.out):
         p.error("--model and --out are required")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -405,6 +388,80 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--without-engine-arg {sorted(unknown)}: not among the chart's {chart['engine_args']}"
         )
+    return policies, chart
+
+
+def write_chart_router(path: str) -> None:
+    """Render the chart's router and engine arguments into `path`."""
+    target = Path(path)
+    tmp = target.with_suffix(".tmp")  # a failed render leaves the committed file as it was
+    tmp.write_text(json.dumps(chart_router(None), indent=2) + "\n")
+    tmp.replace(target)
+
+
+def start_routers(
+    replicas: list[VLLMServer],
+    policies: Sequence[str],
+    chart: dict[str, list[str]],
+    ports: Sequence[int],
+    args: argparse.Namespace,
+    logs: Path,
+    routers: dict[str, RouterProcess],
+) -> None:
+    """One router per policy in front of every replica, each added to `routers` once
+    started (so that the caller stops those that did)."""
+    urls = [r.url for r in replicas]
+    for policy in policies:
+        more = (
+            kv_aware_router_args(urls, ports, args.kv_event_block_size, replicas[0].served_name)
+            if policy == "kv_aware"
+            else []
+        )
+        routers[policy] = RouterProcess(
+            urls,
+            logs / f"router-{policy}.log",
+            policy=policy,
+            chart_args=chart["router_args"],
+            more_args=more,
+        ).start()
+
+
+def measure_rounds(
+    routers: dict[str, RouterProcess],
+    replicas: list[VLLMServer],
+    policies: list[str],
+    w: Workload,
+    args: argparse.Namespace,
+    rounds: list[dict[str, Any]],
+) -> None:
+    """An unrecorded warm-up block per policy, then `--rounds` rounds, each appended to
+    `rounds` when measured; the policies' order rotates, so each takes each place in turn."""
+    # One unrecorded block per policy: first requests pay for lazy set-up in each engine.
+    warm = Workload(2, 1, 1, 16, 4, 2, args.rate)
+    for policy in policies:
+        measure(routers[policy], replicas, warm, seed=10_000)
+    for k in range(args.rounds):
+        row: dict[str, Any] = {"round": k}
+        shift = k % len(policies)  # each policy takes each place in turn
+        sequence = policies[shift:] + policies[:shift]
+        for j, policy in enumerate(sequence):
+            row[policy] = measure(routers[policy], replicas, w, seed=k * 100 + j)
+            b = row[policy]
+            print(
+                f"round {k} {policy}: hit rate {b['hit_rate']}, TTFT p50 {b['ttft_p50_s']} s, "
+                f"{b['failed']} failed {b['failures']}, decisions {b['router_decisions']}",
+                flush=True,
+            )
+        rounds.append(row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.write_chart_router:
+        write_chart_router(args.write_chart_router)
+        return 0
+    policies, chart = _checked(p, args)
     w = Workload(
         args.systems,
         args.users_per_system,
@@ -414,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
         args.output_tokens,
         args.rate,
     )
-    out_path = Path(args.out)
     logs = Path(tempfile.mkdtemp(prefix="bench-routing-"))
     # The replicas run what the chart gives serving pods behind the router (cache_aware's
     # render endpoints), plus the tiny model's or the caller's engine arguments.
@@ -444,47 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start_replicas(replicas, args.start_first_alone)
         result["router_args"] = chart["router_args"]
-        urls = [r.url for r in replicas]
-        for policy in policies:
-            more = (
-                kv_aware_router_args(urls, ports, args.kv_event_block_size, replicas[0].served_name)
-                if policy == "kv_aware"
-                else []
-            )
-            routers[policy] = RouterProcess(
-                urls,
-                logs / f"router-{policy}.log",
-                policy=policy,
-                chart_args=chart["router_args"],
-                more_args=more,
-            ).start()
-        # One unrecorded block per policy: first requests pay for lazy set-up in each engine.
-        warm = Workload(2, 1, 1, 16, 4, 2, args.rate)
-        for policy in policies:
-            measure(routers[policy], replicas, warm, seed=10_000)
-        for k in range(args.rounds):
-            row: dict[str, Any] = {"round": k}
-            shift = k % len(policies)  # each policy takes each place in turn
-            sequence = policies[shift:] + policies[:shift]
-            for j, policy in enumerate(sequence):
-                row[policy] = measure(routers[policy], replicas, w, seed=k * 100 + j)
-                b = row[policy]
-                print(
-                    f"round {k} {policy}: hit rate {b['hit_rate']}, TTFT p50 {b['ttft_p50_s']} s, "
-                    f"{b['failed']} failed {b['failures']}, decisions {b['router_decisions']}",
-                    flush=True,
-                )
-            result["rounds"].append(row)
+        start_routers(replicas, policies, chart, ports, args, logs, routers)
+        measure_rounds(routers, replicas, policies, w, args, result["rounds"])
     finally:
         for router in routers.values():
             router.stop()
         for r in replicas:
             r.stop()
     result["summary"] = summarize(result["rounds"], policies)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stamp(result), indent=2) + "\n")
-    tmp.replace(out_path)
+    write_json(Path(args.out), result)
     print(table(result))
     return 0 if all(result["summary"]["policies"][p]["failed"] == 0 for p in policies) else 1
 

@@ -50,11 +50,13 @@ MAY_IMPORT: dict[str, set[str]] = {
         "ministream_testkit",
         "scripts/gpu",
     },
-    # The GPU host runs these from a checkout: the runtime packages, the test oracles and the
-    # harnesses, and the one statistics module of scripts/ (interval_stats).
+    # The GPU host runs these from a checkout (scripts/gpu/h200.sh puts every package on
+    # PYTHONPATH): the runtime packages, the test oracles, the harnesses, the load test's one
+    # streamed client, and the one statistics module of scripts/ (interval_stats).
     "scripts/gpu": {
         "ministream",
         "ministream_sidecar",
+        "ministream_loadtest",
         "ministream_reference",
         "ministream_testkit",
         "scripts",

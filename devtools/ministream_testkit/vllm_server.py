@@ -2,13 +2,17 @@
 
 `python -m vllm.entrypoints.openai.api_server` is used instead of the `vllm` console
 script, which the CPU build breaks (docs/architecture.md §3).
+
+The benchmark scripts start their servers through it too (scripts/gpu/cold_start.py and
+kv_offload.py on a GPU host): a subclass gives a pod's own command line, `test_env=False`
+leaves the tests' environment out, and `on_line` sees each output line as it arrives.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,11 +64,21 @@ def metrics_text(url: str) -> str:
 
 @dataclass
 class VLLMServer(LocalServer):
+    """One vLLM OpenAI server in its own process group, its output in `log_path`.
+
+    `test_env=False`: the process gets this process's environment and `env` only, without
+    the tests' pinned CPU cache, offline hub and startup log (a benchmark that starts what a
+    pod runs). `on_line`: called with each line of output (newline removed) as it arrives,
+    from a reader thread; the lines still go to `log_path`.
+    """
+
     model: str
     log_path: Path
     served_name: str = "ministream"
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    test_env: bool = True
+    on_line: Callable[[str], None] | None = None
 
     @property
     def startup_log(self) -> Path:
@@ -87,20 +101,26 @@ class VLLMServer(LocalServer):
             *self.args,
         ]
 
-    def start(self) -> VLLMServer:
-        env = {
-            **os.environ,
+    def environment(self) -> dict[str, str]:
+        """The server process's environment: this process's, the tests' (unless `test_env`
+        is off), then `env`."""
+        tests = {
             # Several test servers run side by side: the same small cache on every machine.
             **cpu_memory.pinned(),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
             STARTUP_LOG_ENV: str(self.startup_log),
-            **self.env,
         }
-        self.launch(self.command(), self.log_path, env=env, own_group=True)
+        return {**os.environ, **(tests if self.test_env else {}), **self.env}
+
+    def start(self) -> VLLMServer:
+        self.launch(
+            self.command(), self.log_path, env=self.environment(), own_group=True,
+            on_line=self.on_line,
+        )  # fmt: skip
         return self
 
-    def wait_healthy(self, timeout: float = 600.0) -> VLLMServer:
+    def wait_healthy(self, timeout: float = 600.0, interval: float = 0.5) -> VLLMServer:
         def healthy() -> bool:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -109,7 +129,9 @@ class VLLMServer(LocalServer):
                 )
             return answers(f"{self.url}/health")
 
-        wait_until(healthy, timeout, 0.5, what=f"vLLM healthy at {self.url}", detail=self.log_tail)
+        wait_until(
+            healthy, timeout, interval, what=f"vLLM healthy at {self.url}", detail=self.log_tail
+        )
         return self
 
     def wait_exit(self, timeout: float = 600.0) -> int:
@@ -122,9 +144,11 @@ class VLLMServer(LocalServer):
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self) -> None:
-        """SIGTERM the server's process group (it spawns the engine core), then SIGKILL."""
-        stop_group(self.process)
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server's process group (it spawns the engine core), then SIGKILL
+        after `grace_s`; with `on_line`, wait up to 5 s for the last lines."""
+        stop_group(self.process, grace_s)
+        self.join_reader(timeout=5)
 
     @contextmanager
     def running(self) -> Iterator[VLLMServer]:

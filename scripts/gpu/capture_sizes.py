@@ -31,14 +31,22 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from forward_parity import _prompts, shape_figure  # noqa: E402
+from forward_parity import (  # noqa: E402
+    _prompts,
+    add_round_options,
+    another_round,
+    shape_figure,
+)
 from paired_stats import fmt_ratio, instance_ratio_summary  # noqa: E402
+
+from ministream_testkit.results import write_json  # noqa: E402
 
 PROCESS_START = time.time()
 KINDS = ("vllm_a", "vllm_b", "size64", "chart")
@@ -177,51 +185,44 @@ def print_tables(report: dict[str, Any]) -> None:
     print(throughput_table(report, "_e2e"))
 
 
-def run(args: argparse.Namespace) -> int:
-    from ministream_testkit.provenance import stamp
-
-    batches = [int(b) for b in args.batches.split(",")]
-    chart_argv = json.loads(Path(args.chart_defaults).read_text())["argv"]
-    flags = chart_flags(chart_argv)
-    # Every engine-core process must import forward_timer and capture_timer.
+def _register() -> None:
+    """The plugin registered, and every engine-core process able to import forward_timer
+    and capture_timer (they are in this folder)."""
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
     )
-
     import ministream
 
     ministream.register()
-    from engine_versions import engine_versions
-    from vllm import LLM, SamplingParams
+
+
+def chart_limits(model: str, flags: list[str]) -> tuple[int, list[int]]:
+    """The chart's max-num-seqs and capture sizes through this vLLM's own parser: the
+    rendered form must parse here."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    # The chart's flags through this vLLM's own parser: the rendered form must parse here.
     parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
-        ["--model", args.model, *flags]
+        ["--model", model, *flags]
     )
     seqs, sizes = parsed.max_num_seqs, parsed.cudagraph_capture_sizes
     if not seqs or not sizes:
         raise ValueError(f"the chart's flags parsed to max_num_seqs={seqs}, sizes={sizes}")
-    common = json.loads(args.llm_args) | {
-        "seed": 0,
-        "enable_prefix_caching": False,
-        "max_num_seqs": seqs,
-        "worker_cls": "capture_timer.TimedWorker",
-        "worker_extension_cls": "forward_timer.ForwardTimer",
-    }
-    per_kind: dict[str, dict[str, Any]] = {
-        "vllm_a": {},
-        "vllm_b": {},
-        "size64": {"max_cudagraph_capture_size": 64},
-        "chart": {"cudagraph_capture_sizes": sizes},
-    }
-    names = engine_order(args.instances)
+    return seqs, sizes
+
+
+def start_engines(
+    model: str, names: list[str], common: dict[str, Any], per_kind: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Every engine, in `names`' order: the engines, and each one's start, capture and
+    capture sizes."""
+    from vllm import LLM
+
     llms: dict[str, Any] = {}
     engines: dict[str, dict[str, Any]] = {}
     for name in names:
         t0 = time.perf_counter()
-        llm = LLM(model=args.model, **common, **per_kind[name.split(".")[0]])
+        llm = LLM(model=model, **common, **per_kind[name.split(".")[0]])
         init_s = time.perf_counter() - t0
         llm.collective_rpc("forward_timer_install")
         config = llm.llm_engine.vllm_config.compilation_config
@@ -238,23 +239,94 @@ def run(args: argparse.Namespace) -> int:
             f"in {cap.get('seconds', float('nan')):.2f} s",
             flush=True,
         )
+    return llms, engines
 
-    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    params = SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True)
 
-    def rep(name: str, batch: int, seed: int) -> tuple[float, float]:
-        prompts = _prompts(random.Random(seed), batch, args.prompt_len, vocab)
-        llm = llms[name]
+@dataclass
+class Decoder:
+    """One timed decode rep of a batch on one engine."""
+
+    llms: dict[str, Any]
+    prompt_len: int
+    vocab: int
+    params: Any  # vllm.SamplingParams
+
+    def rep(self, name: str, batch: int, seed: int) -> tuple[float, float]:
+        """(median forward ms of the full decode steps, generate wall s)."""
+        prompts = _prompts(random.Random(seed), batch, self.prompt_len, self.vocab)
+        llm = self.llms[name]
         llm.collective_rpc("forward_timer_fetch")  # drop anything recorded before
         t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        llm.generate(prompts, self.params, use_tqdm=False)
         wall = time.perf_counter() - t0
         ms, _ = shape_figure("decode", llm.collective_rpc("forward_timer_fetch")[0])
         return ms, wall
 
+
+def one_round(
+    decoder: Decoder,
+    names: list[str],
+    batches: list[int],
+    index: int,
+    forward_ms: dict[int, dict[str, list[float]]],
+    wall_s: dict[int, dict[str, list[float]]],
+) -> None:
+    """Every engine decodes every batch once, the engines shuffled per batch and round."""
+    for batch in batches:
+        order = list(names)
+        random.Random(index * 1000 + batch).shuffle(order)
+        for name in order:
+            ms, wall = decoder.rep(name, batch, seed=index)
+            forward_ms[batch][name].append(ms)
+            wall_s[batch][name].append(wall)
+
+
+def round_line(
+    rounds: int, elapsed: float, forward_ms: dict[int, dict[str, list[float]]], names: list[str]
+) -> str:
+    """The progress line of a round: per batch, each kind's median of its last steps (ms)."""
+    last = {
+        b: "/".join(
+            f"{statistics.median(times[e][-1] for e in names if e.startswith(k)):.2f}"
+            for k in KINDS
+        )
+        for b, times in forward_ms.items()
+    }
+    return f"round {rounds} ({elapsed:.0f} s), ms: " + "  ".join(
+        f"{b}:{v}" for b, v in last.items()
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    batches = [int(b) for b in args.batches.split(",")]
+    chart_argv = json.loads(Path(args.chart_defaults).read_text())["argv"]
+    flags = chart_flags(chart_argv)
+    _register()
+    from engine_versions import engine_versions
+    from vllm import SamplingParams
+
+    seqs, sizes = chart_limits(args.model, flags)
+    common = json.loads(args.llm_args) | {
+        "seed": 0,
+        "enable_prefix_caching": False,
+        "max_num_seqs": seqs,
+        "worker_cls": "capture_timer.TimedWorker",
+        "worker_extension_cls": "forward_timer.ForwardTimer",
+    }
+    per_kind: dict[str, dict[str, Any]] = {
+        "vllm_a": {},
+        "vllm_b": {},
+        "size64": {"max_cudagraph_capture_size": 64},
+        "chart": {"cudagraph_capture_sizes": sizes},
+    }
+    names = engine_order(args.instances)
+    llms, engines = start_engines(args.model, names, common, per_kind)
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    params = SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True)
+    decoder = Decoder(llms, args.prompt_len, vocab, params)
     for name in names:  # warm-up, untimed: the smallest and the largest batch
         for batch in (batches[0], batches[-1]):
-            rep(name, batch, seed=-1)
+            decoder.rep(name, batch, seed=-1)
 
     forward_ms: dict[int, dict[str, list[float]]] = {b: {e: [] for e in names} for b in batches}
     wall_s: dict[int, dict[str, list[float]]] = {b: {e: [] for e in names} for b in batches}
@@ -281,41 +353,14 @@ def run(args: argparse.Namespace) -> int:
             "ratio_definition": "throughput of a kind / throughput of vllm_a: mean over a kind's "
             "engines of each engine's median over rounds (paired_stats.instance_ratio_summary)",
         }
-        stamped: dict[str, Any] = stamp(data)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(stamped, indent=2) + "\n")
-        return stamped
+        return write_json(Path(args.out), data)
 
     t_start = time.perf_counter()
     rounds = 0
-    while rounds < args.rounds and (
-        rounds < args.min_rounds
-        or (
-            time.perf_counter() - t_start < args.budget_s
-            and time.time() - PROCESS_START < args.stop_after_s
-        )
-    ):
-        for batch in batches:
-            order = list(names)
-            random.Random(rounds * 1000 + batch).shuffle(order)
-            for name in order:
-                ms, wall = rep(name, batch, seed=rounds)
-                forward_ms[batch][name].append(ms)
-                wall_s[batch][name].append(wall)
+    while another_round(rounds, args, t_start, PROCESS_START):
+        one_round(decoder, names, batches, rounds, forward_ms, wall_s)
         rounds += 1
-        last = {
-            b: "/".join(
-                f"{statistics.median(forward_ms[b][e][-1] for e in names if e.startswith(k)):.2f}"
-                for k in KINDS
-            )
-            for b in batches
-        }
-        elapsed = time.perf_counter() - t_start
-        print(
-            f"round {rounds} ({elapsed:.0f} s), ms: "
-            + "  ".join(f"{b}:{v}" for b, v in last.items()),
-            flush=True,
-        )
+        print(round_line(rounds, time.perf_counter() - t_start, forward_ms, names), flush=True)
         report(rounds, resamples=200)  # an interim copy: a killed run keeps its rounds
     print_tables(report(rounds, resamples=4000))
     print(f"JSON: {args.out}")
@@ -335,15 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batches", default=BATCHES, help="decode batch sizes, comma-separated")
     r.add_argument("--prompt-len", type=int, default=128)
     r.add_argument("--decode-steps", type=int, default=32)
-    r.add_argument("--rounds", type=int, default=100, help="at most this many rounds")
-    r.add_argument("--min-rounds", type=int, default=2)
-    r.add_argument("--budget-s", type=float, default=300, help="no new round after this")
-    r.add_argument(
-        "--stop-after-s",
-        type=float,
-        default=1e9,
-        help="no new round this many seconds after the process started (fits a time limit)",
-    )
+    add_round_options(r, rounds=100, min_rounds=2, budget_s=300)
     r.add_argument(
         "--llm-args",
         default='{"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilization": 0.05, '

@@ -7,6 +7,9 @@ arrival time, polls GET /health, then sends the sidecar's warmup (the chart's re
 count, concurrency, prompt and output lengths) and stops the server with SIGTERM.
 ministream_sidecar.startup_phases (the parser the sidecar's cold-start metrics use) turns
 the lines into phases; the result goes to OUT/NAME.json and the stamped log to OUT/NAME.log.
+The process is started and stopped by ministream_testkit's VLLMServer (`PodServer`:
+the pod's own command line, none of the tests' environment, each line handed over as it
+arrives).
 
     python scripts/gpu/cold_start.py run --name chart-fresh --mode chart --model DIR \
         --out OUT --cache-root /tmp/cache/a --fresh-cache
@@ -34,20 +37,21 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar.startup_phases import PHASES, parse
-from ministream_testkit.provenance import stamp
+from ministream_testkit.results import write_json
+from ministream_testkit.vllm_server import VLLMServer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # scripts/: the one statistics module
@@ -127,35 +131,46 @@ def warmup(base: str, model: str, settings: dict[str, int]) -> dict[str, Any]:
     return {"settings": settings, "latencies_s": latencies}
 
 
-def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+@dataclass
+class PodServer(VLLMServer):
+    """A vLLM server started with a pod's own command line (`server_command`'s argv, which
+    names the model, served name and port given here) instead of the tests' one."""
+
+    argv: Sequence[str] = ()
+
+    def command(self) -> list[str]:
+        return list(self.argv)
+
+
+def cache_env(cache: Path, scratch: Path) -> dict[str, str]:
+    """The compile caches under `cache` (Triton's inside it, as the chart sets it), and
+    TorchInductor's cache and the hub's home in `scratch` (in a pod they live in /tmp)."""
+    return {
+        "VLLM_CACHE_ROOT": str(cache),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        "HF_HOME": str(scratch / "hf"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _prepare_cache(args: argparse.Namespace) -> Path:
+    """The cache root: emptied (`--fresh-cache`) or seeded (`--seed-cache-from`) first."""
     cache = Path(args.cache_root)
     if args.fresh_cache or args.seed_cache_from:
         shutil.rmtree(cache, ignore_errors=True)
     if args.seed_cache_from:
         shutil.copytree(args.seed_cache_from, cache, symlinks=True)
     cache.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
+    return cache
 
-    argv, env_over, served = server_command(
-        args.mode, args.model, args.port, Path(args.chart_defaults)
-    )
-    for flag in args.drop_arg:
-        argv = drop_flag(argv, flag)
-    argv += args.extra_arg
-    env = (
-        os.environ
-        | env_over
-        | {
-            "VLLM_CACHE_ROOT": str(cache),
-            "TRITON_CACHE_DIR": str(cache / "triton"),
-            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
-            "HF_HOME": str(scratch / "hf"),
-            "HOME": os.environ.get("HOME", str(scratch)),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+
+def _run_env(
+    args: argparse.Namespace, env_over: dict[str, str], cache: Path, scratch: Path
+) -> dict[str, str]:
+    """What the server's environment adds to this process's: the mode's, the caches, the
+    chart's pod paths moved into `scratch`, then `--env`."""
+    env = env_over | cache_env(cache, scratch) | {"HOME": os.environ.get("HOME", str(scratch))}
     if STARTUP_LOG_ENV in env_over:  # the chart's path is a pod volume: use scratch
         env[STARTUP_LOG_ENV] = str(scratch / "vllm-startup.log")
     if "PROMETHEUS_MULTIPROC_DIR" in env_over:
@@ -164,54 +179,37 @@ def run(args: argparse.Namespace) -> int:
     for item in args.env:
         key, _, value = item.partition("=")
         env[key] = value
+    return env
 
-    lines: list[tuple[float, str]] = []
-    t0 = time.time()
-    prefetch = _start_prefetch(args.prefetch)
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
 
-    def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append((time.time() - t0, line.rstrip("\n")))
+def _health_ok(server: VLLMServer, timeout: float, t0: float) -> float:
+    """Seconds after `t0` at which GET /health first answered 200: the measurement itself,
+    so polled every 0.1 s with a bare urllib request (an httpx client per poll took 60-160
+    ms on the 2-core machine, coarsening the phase) rather than VLLMServer.wait_healthy."""
+    assert server.process is not None
+    while time.time() - t0 < timeout:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode} before /health")
+        try:
+            if _http(f"{server.url}/health", timeout=2) == 200:
+                return time.time() - t0
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"no /health 200 within {timeout} s")
 
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{args.port}"
+
+def _time_to_ready(
+    server: VLLMServer, args: argparse.Namespace, t0: float, result: dict[str, Any]
+) -> tuple[float | None, float | None]:
+    """Wait for /health, send the chart's warmup: (health OK, Ready) in seconds after `t0`,
+    None for what was not reached. A failure is recorded in `result`, never raised."""
     health_ok = ready = None
-    result: dict[str, Any] = {
-        "name": args.name,
-        "mode": args.mode,
-        "argv": argv,
-        "env_overrides": env_over | dict(e.partition("=")[::2] for e in args.env),
-        "cache_root": str(cache),
-        "seed_cache_from": args.seed_cache_from,
-        "prefetch": {"paths": args.prefetch} if args.prefetch else None,
-    }
     try:
-        while time.time() - t0 < args.timeout:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode} before /health")
-            try:
-                if _http(f"{base}/health", timeout=2) == 200:
-                    health_ok = time.time() - t0
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"no /health 200 within {args.timeout} s")
+        health_ok = _health_ok(server, args.timeout, t0)
         if args.warmup != "none":
             settings = json.loads(Path(args.chart_defaults).read_text())["warmup"]
-            result["warmup"] = warmup(base, served, settings)
+            result["warmup"] = warmup(server.url, server.served_name, settings)
         ready = time.time() - t0
         result["ok"] = True
     except (Exception, KeyboardInterrupt) as exc:  # keep the log and what was measured
@@ -220,24 +218,16 @@ def run(args: argparse.Namespace) -> int:
         result["ok"] = False
         result["error"] = repr(exc)
         result["health_seconds_so_far"] = time.time() - t0
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=args.stop_timeout)
-        except ProcessLookupError:  # it had exited already (and its children with it)
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        thread.join(timeout=5)
-        if prefetch is not None:
-            result["prefetch"]["done_s"] = _finish_prefetch(prefetch, t0)
-        shutil.rmtree(scratch, ignore_errors=True)
-    result |= parse(lines, health_ok=health_ok, ready=ready)
-    result["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    return health_ok, ready
+
+
+def _report(
+    args: argparse.Namespace, result: dict[str, Any], lines: list[tuple[float, str]]
+) -> int:
+    """Write the stamped log and the result, print its line (and the log's end on a failure)."""
+    out = Path(args.out)
     (out / f"{args.name}.log").write_text("".join(f"{t:9.3f} {s}\n" for t, s in lines))
-    result = stamp(result)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = write_json(out / f"{args.name}.json", result)
     ph = result["phases"]
     print(
         f"{args.name}: ok={result['ok']} total={_f(ph.get('total'))} s "
@@ -249,6 +239,51 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.name}: {result.get('error')}; last lines:", flush=True)
         print("\n".join(text for _, text in lines[-25:]), flush=True)
     return 0 if result["ok"] else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    cache = _prepare_cache(args)
+    scratch = Path(tempfile.mkdtemp(prefix=f"cold-{args.name}-"))
+    argv, env_over, served = server_command(
+        args.mode, args.model, args.port, Path(args.chart_defaults)
+    )
+    for flag in args.drop_arg:
+        argv = drop_flag(argv, flag)
+    argv += args.extra_arg
+    lines: list[tuple[float, str]] = []  # each output line with its arrival after t0
+    server = PodServer(
+        args.model,
+        scratch / "server.log",
+        served_name=served,
+        port=args.port,
+        env=_run_env(args, env_over, cache, scratch),
+        test_env=False,
+        on_line=lambda line: lines.append((time.time() - t0, line)),
+        argv=argv,
+    )
+    result: dict[str, Any] = {
+        "name": args.name,
+        "mode": args.mode,
+        "argv": argv,
+        "env_overrides": env_over | dict(e.partition("=")[::2] for e in args.env),
+        "cache_root": str(cache),
+        "seed_cache_from": args.seed_cache_from,
+        "prefetch": {"paths": args.prefetch} if args.prefetch else None,
+    }
+    t0 = time.time()
+    prefetch = _start_prefetch(args.prefetch)
+    server.start()
+    try:
+        health_ok, ready = _time_to_ready(server, args, t0, result)
+    finally:
+        server.stop(args.stop_timeout)
+        if prefetch is not None:
+            result["prefetch"]["done_s"] = _finish_prefetch(prefetch, t0)
+        shutil.rmtree(scratch, ignore_errors=True)
+    result |= parse(lines, health_ok=health_ok, ready=ready)
+    result["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    return _report(args, result, lines)
 
 
 def _start_prefetch(paths: list[str]) -> subprocess.Popen[bytes] | None:

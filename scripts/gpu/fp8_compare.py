@@ -33,8 +33,12 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ministream_testkit.provenance import stamp
+from ministream_testkit.results import write_json
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -74,7 +78,7 @@ def accuracy(reference: list[Any], got: list[Any], atol: float) -> dict[str, Any
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -95,6 +99,135 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.concurrency, args.prompt_len, args.output_len, args.rounds = "1,4", 16, 8, 2
         args.llm_args = '{"dtype": "bfloat16", "max_model_len": 256, "enforce_eager": true}'
+    return args
+
+
+def start_variant(
+    name: str, args: argparse.Namespace, llm_args: dict[str, Any], reference: list[Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The variant's engine (None when it failed to start) and its report entry: start
+    time, weight bytes and accuracy on the golden prompts, or the error."""
+    from vllm import LLM, SamplingParams
+
+    from ministream_reference.golden import DEFAULT_PROMPTS, Completion
+
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(model=args.model, **llm_args, **VARIANT_ARGS[name])
+    except Exception as exc:  # e.g. FP8 on a build without the kernels: say so, go on
+        print(f"{name}: engine failed: {exc!r}"[:400], flush=True)
+        return None, {"error": repr(exc)[:2000]}
+    init_s = time.perf_counter() - t0
+    weights = llm.collective_rpc("forward_timer_weight_bytes")[0]
+    golden = llm.generate(
+        [{"prompt_token_ids": list(p)} for p in DEFAULT_PROMPTS],
+        SamplingParams(temperature=0.0, max_tokens=len(reference[0].tokens), logprobs=5),
+        use_tqdm=False,
+    )
+    got = [
+        Completion(
+            list(p),
+            list(o.outputs[0].token_ids),
+            [
+                {int(t): float(lp.logprob) for t, lp in s.items()}
+                for s in o.outputs[0].logprobs or []
+            ],
+        )
+        for p, o in zip(DEFAULT_PROMPTS, golden, strict=True)
+    ]
+    print(f"{name}: up in {init_s:.1f} s, weights {weights}", flush=True)
+    return llm, {
+        "engine_init_s": init_s,
+        "weight_bytes": weights,
+        "weight_bytes_total": sum(weights.values()),
+        "accuracy_vs_fp32_reference": accuracy(reference, got, ATOL[name]),
+        "golden_tokens": [c.tokens for c in got],
+    }
+
+
+@dataclass
+class Bench:
+    """Timed batches of one concurrency on the live engines."""
+
+    args: argparse.Namespace
+    engines: dict[str, Any]
+    vocab: int
+
+    def batch(self, c: int, seed: int) -> list[dict[str, list[int]]]:
+        return [
+            {
+                "prompt_token_ids": [
+                    3 + (seed * 7919 + i * 104729 + j * 31) % (self.vocab - 3)
+                    for j in range(self.args.prompt_len)
+                ]
+            }
+            for i in range(c)
+        ]
+
+    def timed(self, name: str, prompts: list[Any], max_tokens: int) -> float:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        t0 = time.perf_counter()
+        self.engines[name].generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    def concurrency(self, c: int, live: list[str]) -> dict[str, dict[str, list[float]]]:
+        """Per live variant at concurrency c: tokens/s, offline TTFT and ITL per round, the
+        variants' order alternating (ABBA), after an untimed warm-up at this batch size."""
+        out_len = self.args.output_len
+        perf: dict[str, dict[str, list[float]]] = {
+            v: {"tok_s": [], "ttft_ms": [], "itl_ms": []} for v in live
+        }
+        for name in live:  # warm-up at this batch size
+            self.timed(name, self.batch(c, -1), out_len)
+        for rnd in range(self.args.rounds):
+            order = live if rnd % 2 == 0 else live[::-1]
+            for name in order:
+                prompts = self.batch(c, rnd)
+                ttft = self.timed(name, prompts, 1)
+                total = self.timed(name, prompts, out_len)
+                perf[name]["tok_s"].append(c * out_len / total)
+                perf[name]["ttft_ms"].append(1000 * ttft)
+                perf[name]["itl_ms"].append(1000 * (total - ttft) / (out_len - 1))
+        return perf
+
+
+def record_concurrency(
+    report: dict[str, Any], key: str, perf: dict[str, dict[str, list[float]]]
+) -> str:
+    """Put one concurrency's figures into `report`; its progress line."""
+    line = [key]
+    for name, figures in perf.items():
+        med = {m: statistics.median(v) for m, v in figures.items()}
+        report["variants"][name].setdefault("performance", {})[key] = med | figures
+        line.append(
+            f"{name} {med['tok_s']:.0f} tok/s TTFT {med['ttft_ms']:.1f} ITL {med['itl_ms']:.2f}"
+        )
+    if "fp8" in perf and "bf16" in perf:
+        ratio = ratio_summary(perf["fp8"]["tok_s"], perf["bf16"]["tok_s"])
+        report.setdefault("fp8_over_bf16_tok_s", {})[key] = ratio
+        line.append(f"fp8/bf16 tok/s {fmt_ratio(ratio)}")
+    return "  ".join(line)
+
+
+def print_variants(report: dict[str, Any], variants: list[str], out: str) -> None:
+    print("\nvariant  start s  weight MB  identical  max|dlp|  pass")
+    for name in variants:
+        v = report["variants"][name]
+        if "error" in v:
+            print(f"{name:<8} error: {v['error'][:200]}")
+            continue
+        acc = v["accuracy_vs_fp32_reference"]
+        print(
+            f"{name:<8} {v['engine_init_s']:7.1f} {v['weight_bytes_total'] / 1e6:10.1f}  "
+            f"{acc['identical_prefix_tokens']:>9}  {acc['max_abs_dlogprob']:.3f}  {acc['pass']}"
+        )
+    print(f"JSON: {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     variants = args.variants.split(",")
     llm_args = json.loads(args.llm_args) | {
         "seed": 0,
@@ -107,121 +240,35 @@ def main(argv: list[str] | None = None) -> int:
     import ministream
 
     ministream.register()
-    from vllm import LLM, SamplingParams
-
-    from ministream_reference.golden import DEFAULT_PROMPTS, Completion, load
+    from ministream_reference.golden import load
 
     reference = load(args.reference)
     engines: dict[str, Any] = {}
-    report: dict[str, Any] = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
-        "versions": engine_versions(),
-        "settings": vars(args) | {"llm_args": llm_args},
-        "variants": {},
-    }
-    for name in variants:
-        t0 = time.perf_counter()
-        try:
-            engines[name] = LLM(model=args.model, **llm_args, **VARIANT_ARGS[name])
-        except Exception as exc:  # e.g. FP8 on a build without the kernels: say so, go on
-            report["variants"][name] = {"error": repr(exc)[:2000]}
-            print(f"{name}: engine failed: {exc!r}"[:400], flush=True)
-            continue
-        init_s = time.perf_counter() - t0
-        weights = engines[name].collective_rpc("forward_timer_weight_bytes")[0]
-        golden = engines[name].generate(
-            [{"prompt_token_ids": list(p)} for p in DEFAULT_PROMPTS],
-            SamplingParams(temperature=0.0, max_tokens=len(reference[0].tokens), logprobs=5),
-            use_tqdm=False,
-        )
-        got = [
-            Completion(
-                list(p),
-                list(o.outputs[0].token_ids),
-                [
-                    {int(t): float(lp.logprob) for t, lp in s.items()}
-                    for s in o.outputs[0].logprobs or []
-                ],
-            )
-            for p, o in zip(DEFAULT_PROMPTS, golden, strict=True)
-        ]
-        report["variants"][name] = {
-            "engine_init_s": init_s,
-            "weight_bytes": weights,
-            "weight_bytes_total": sum(weights.values()),
-            "accuracy_vs_fp32_reference": accuracy(reference, got, ATOL[name]),
-            "golden_tokens": [c.tokens for c in got],
+    # Stamped once: the provenance block is the same for every stage's copy.
+    report: dict[str, Any] = stamp(
+        {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+            "versions": engine_versions(),
+            "settings": vars(args) | {"llm_args": llm_args},
+            "variants": {},
         }
-        print(f"{name}: up in {init_s:.1f} s, weights {weights}", flush=True)
-
-    def write() -> None:  # after every stage: a run cut short keeps what it measured
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-
-    write()
+    )
+    for name in variants:
+        llm, report["variants"][name] = start_variant(name, args, llm_args, reference)
+        if llm is not None:
+            engines[name] = llm
+    out = Path(args.out)
+    write_json(out, report)  # after every stage: a run cut short keeps what it measured
     live = [v for v in variants if v in engines]
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-
-    def batch(c: int, seed: int) -> list[dict[str, list[int]]]:
-        return [
-            {
-                "prompt_token_ids": [
-                    3 + (seed * 7919 + i * 104729 + j * 31) % (vocab - 3)
-                    for j in range(args.prompt_len)
-                ]
-            }
-            for i in range(c)
-        ]
-
-    def timed(name: str, prompts: list[Any], max_tokens: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        t0 = time.perf_counter()
-        engines[name].generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0
-
-    perf: dict[str, dict[str, dict[str, list[float]]]] = {}
+    bench = Bench(args, engines, vocab)
     for c in (int(x) for x in args.concurrency.split(",")):
-        key = f"c={c}"
-        perf[key] = {v: {"tok_s": [], "ttft_ms": [], "itl_ms": []} for v in live}
-        for name in live:  # warm-up at this batch size
-            timed(name, batch(c, -1), args.output_len)
-        for rnd in range(args.rounds):
-            order = live if rnd % 2 == 0 else live[::-1]
-            for name in order:
-                prompts = batch(c, rnd)
-                ttft = timed(name, prompts, 1)
-                total = timed(name, prompts, args.output_len)
-                perf[key][name]["tok_s"].append(c * args.output_len / total)
-                perf[key][name]["ttft_ms"].append(1000 * ttft)
-                perf[key][name]["itl_ms"].append(1000 * (total - ttft) / (args.output_len - 1))
-        line = [key]
-        for name in live:
-            med = {m: statistics.median(v) for m, v in perf[key][name].items()}
-            report["variants"][name].setdefault("performance", {})[key] = med | perf[key][name]
-            line.append(
-                f"{name} {med['tok_s']:.0f} tok/s TTFT {med['ttft_ms']:.1f} ITL {med['itl_ms']:.2f}"
-            )
-        if "fp8" in live and "bf16" in live:
-            ratio = ratio_summary(perf[key]["fp8"]["tok_s"], perf[key]["bf16"]["tok_s"])
-            report.setdefault("fp8_over_bf16_tok_s", {})[key] = ratio
-            line.append(f"fp8/bf16 tok/s {fmt_ratio(ratio)}")
-        print("  ".join(line), flush=True)
-        write()
-
-    write()
-    print("\nvariant  start s  weight MB  identical  max|dlp|  pass")
-    for name in variants:
-        v = report["variants"][name]
-        if "error" in v:
-            print(f"{name:<8} error: {v['error'][:200]}")
-            continue
-        acc = v["accuracy_vs_fp32_reference"]
-        print(
-            f"{name:<8} {v['engine_init_s']:7.1f} {v['weight_bytes_total'] / 1e6:10.1f}  "
-            f"{acc['identical_prefix_tokens']:>9}  {acc['max_abs_dlogprob']:.3f}  {acc['pass']}"
-        )
-    print(f"JSON: {args.out}")
+        perf = bench.concurrency(c, live)
+        print(record_concurrency(report, f"c={c}", perf), flush=True)
+        write_json(out, report)
+    write_json(out, report)
+    print_variants(report, variants, args.out)
     return 0 if live else 1
 
 

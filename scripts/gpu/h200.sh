@@ -52,8 +52,10 @@
 # Provenance: the GPU host has no .git, so pass the commit on the command line:
 #   MINISTREAM_COMMIT=$(git rev-parse HEAD) MINISTREAM_DIRTY=0|1 bash scripts/gpu/h200.sh ...
 # Every JSON a step writes carries the provenance block (ministream_testkit.provenance):
-# cold_start.py stamps its own (bytecode as its server sees it); the rest are stamped when
-# the step ends, and the step's folder holds step.json (step, settings, start and end).
+# cold_start.py stamps its own (bytecode as its server sees it), and so do kv_offload.py,
+# bench_routing.py, forward_parity.py, fp8_compare.py and capture_sizes.py (through
+# ministream_testkit.results.write_json); the rest are stamped when the step ends, and the
+# step's folder holds step.json (step, settings, start and end).
 # Bytecode as the serving image has it: before its first timed work a step compiles the host
 # venv's packages (torch, sympy, networkx ship as .py only on the GPU host) and /tmp/site
 # (`compile_bytecode`, once per machine, time in bytecode.log; BYTECODE=0 skips it); a
@@ -76,7 +78,7 @@ di=plugins/ministream_serving-0.0.0.dist-info
 mkdir -p $di
 printf 'Metadata-Version: 2.1\nName: ministream-serving\nVersion: 0.0.0\n' > $di/METADATA
 printf '[vllm.general_plugins]\nministream = ministream:register\n' > $di/entry_points.txt
-export PYTHONPATH=$PWD/plugins:$PWD/service:$PWD/devtools:${PYTHONPATH:-}
+export PYTHONPATH=$PWD/plugins:$PWD/service:$PWD/loadtest:$PWD/devtools:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 
 probe() {  # name, timeout, args...

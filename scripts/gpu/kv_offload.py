@@ -16,7 +16,8 @@ length in tokens; when that exceeds the GPU KV cache, vLLM's LRU has evicted the
 the time the session returns, unless the offload tier holds it. Token ids go in as lists,
 so lengths are exact; `ignore_eos` makes every answer OUTPUT tokens long.
 
-Per block and side: TTFT (streamed, time to the first token) p50/p99, end-to-end p50,
+Per block and side: TTFT (streamed, time to the first token's text:
+ministream_loadtest.streaming) p50/p99, end-to-end p50,
 output tokens/s and requests/s over the block's wall time, and the deltas of vLLM's
 counters over the block: prefix-cache queries and hits (tokens; vLLM's own hit rate),
 external (connector) prefix-cache queries/hits, preemptions, and every offload/connector
@@ -27,7 +28,8 @@ interval, and the per-pair ratio on/off (interval_stats: rounds of one instance 
         --kv-cache-bytes 4294967296 --offload-gib 24 --blocks 3
     python scripts/gpu/kv_offload.py table OUT/kv-offload.json
 
-Standard library + httpx (present on the GPU host and in vLLM's dependencies).
+Servers start through ministream_testkit's VLLMServer (cold_start.PodServer); the client is
+httpx and the prometheus parser, both vLLM dependencies, so present on the GPU host.
 """
 
 from __future__ import annotations
@@ -35,13 +37,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,18 +49,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cold_start import server_command
+from cold_start import PodServer, cache_env, server_command
+from prometheus_client.parser import text_string_to_metric_families
 
-from ministream_testkit.provenance import stamp
+from ministream.startup_log import ENV as STARTUP_LOG_ENV
+from ministream_loadtest.streaming import StreamTiming, timed_completion, ttft_percentiles_s
+from ministream_testkit.results import write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: interval_stats
 from interval_stats import bootstrap_median_ci, fmt_ratio, ratio_summary
 
-# Counters whose per-block deltas are recorded (sums over label sets).
+# Counters whose per-block deltas are recorded (sums over label sets; histograms' _sum and
+# _count, not their buckets).
 COUNTER = re.compile(
-    r"^(vllm:[a-z_:]*(prefix_cache|offload|kv_transfer|connector|preemption)[a-z_:]*)"
-    r"(_total|_sum|_count)?(\{[^}]*\})? (\S+)$"
+    r"^vllm:[a-z_:]*(prefix_cache|offload|kv_transfer|connector|preemption)[a-z_:]*$"
 )
+LEFT_OUT = ("_created", "_bucket")
+# The chart's pod paths (volumes): one process on a host needs neither.
+POD_PATHS = (STARTUP_LOG_ENV, "PROMETHEUS_MULTIPROC_DIR")
 TOKEN_LOW = 10  # above the special tokens; the top is the model's vocab_size
 
 
@@ -116,45 +121,22 @@ def schedule(w: Workload, seed: int) -> list[tuple[int, int]]:
 def counters(text: str) -> dict[str, float]:
     """Selected counters of a /metrics page, summed over their label sets."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = COUNTER.match(line)
-        if m and not line.startswith("#"):
-            name = m.group(1) + (m.group(3) or "")
-            if name.endswith(("_created", "_bucket")):
-                continue
-            try:
-                out[name] = out.get(name, 0.0) + float(m.group(5))
-            except ValueError:
-                continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if COUNTER.match(name) and not name.endswith(LEFT_OUT):
+                out[name] = out.get(name, 0.0) + sample.value
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
 async def one_request(
     client: httpx.AsyncClient, base: str, model: str, prompt: list[int], output_tokens: int
-) -> dict[str, float]:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": output_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    t0 = time.perf_counter()
-    ttft = None
-    async with client.stream("POST", f"{base}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            first = ttft is None and line.startswith("data: ") and line != "data: [DONE]"
-            if first and json.loads(line[6:])["choices"][0].get("text"):
-                ttft = time.perf_counter() - t0
-    e2e = time.perf_counter() - t0
-    return {"ttft": e2e if ttft is None else ttft, "e2e": e2e}
+) -> StreamTiming:
+    """One streamed completion; a failed one ends the block (its error is the run's)."""
+    timing = await timed_completion(client, base, model, prompt, output_tokens)
+    if not timing.ok:
+        raise RuntimeError(f"a completion failed: {timing.failure}")
+    return timing
 
 
 async def run_block(base: str, model: str, w: Workload, seed: int) -> dict[str, Any]:
@@ -169,7 +151,7 @@ async def run_block(base: str, model: str, w: Workload, seed: int) -> dict[str, 
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     for item in order:
         queue.put_nowait(item)
-    results: list[dict[str, float]] = []
+    results: list[tuple[StreamTiming, int, int]] = []  # (timing, turn, prompt tokens)
     limits = httpx.Limits(max_connections=w.concurrency + 2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
         before = counters((await client.get(f"{base}/metrics")).text)
@@ -182,30 +164,41 @@ async def run_block(base: str, model: str, w: Workload, seed: int) -> dict[str, 
                     return
                 await done[(s, t - 1)].wait()  # a session's turns stay in order
                 r = await one_request(client, base, model, texts[s][t], w.output_tokens)
-                results.append(r | {"turn": t, "prompt_tokens": len(texts[s][t])})
+                results.append((r, t, len(texts[s][t])))
                 done[(s, t)].set()
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(w.concurrency)))
         wall = time.perf_counter() - t0
         after = counters((await client.get(f"{base}/metrics")).text)
+    return {"seed": seed} | block_figures(results, wall, before, after, w)
+
+
+def block_figures(
+    results: list[tuple[StreamTiming, int, int]],
+    wall: float,
+    before: dict[str, float],
+    after: dict[str, float],
+    w: Workload,
+) -> dict[str, Any]:
+    """A block's figures from its requests' timings and the counters around it."""
     delta = {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
-    ttft = [r["ttft"] for r in results]
-    later = [r["ttft"] for r in results if r["turn"] > 0]
+    timings = [r for r, _, _ in results]
+    ttft_p50, ttft_p99 = ttft_percentiles_s(timings)
+    later = [r.ttft for r, turn, _ in results if turn > 0]
     queries = delta.get("vllm:prefix_cache_queries_total", 0.0)
     hits = delta.get("vllm:prefix_cache_hits_total", 0.0)
     ext_q = delta.get("vllm:external_prefix_cache_queries_total", 0.0)
     ext_h = delta.get("vllm:external_prefix_cache_hits_total", 0.0)
     return {
-        "seed": seed,
         "requests": len(results),
         "wall_s": wall,
-        "ttft_p50_s": statistics.median(ttft),
-        "ttft_p99_s": pct(ttft, 0.99),
+        "ttft_p50_s": ttft_p50,
+        "ttft_p99_s": ttft_p99,
         "ttft_later_turns_p50_s": statistics.median(later) if later else None,
-        "e2e_p50_s": statistics.median(r["e2e"] for r in results),
+        "e2e_p50_s": statistics.median(r.e2e for r in timings),
         "output_tok_s": len(results) * w.output_tokens / wall,
-        "prompt_tok_s": sum(r["prompt_tokens"] for r in results) / wall,
+        "prompt_tok_s": sum(tokens for _, _, tokens in results) / wall,
         "requests_s": len(results) / wall,
         "prefix_cache_hit_rate": hits / queries if queries else None,
         "external_prefix_cache_hit_rate": ext_h / ext_q if ext_q else None,
@@ -213,57 +206,39 @@ async def run_block(base: str, model: str, w: Workload, seed: int) -> dict[str, 
     }
 
 
-class Server:
-    """One chart-configured vLLM server in its own process group, log to a file."""
+@dataclass
+class Side:
+    """One side's chart-configured vLLM server, with its own caches in a scratch folder."""
 
-    def __init__(self, name: str, model: str, port: int, extra: list[str], out: Path) -> None:
-        argv, env_over, self.served = server_command("chart", model, port)
-        self.argv = argv + extra
-        self.base = f"http://127.0.0.1:{port}"
-        self.name = name
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"kvoff-{name}-"))
-        cache = self.scratch / "cache"
-        env = (
-            os.environ
-            | env_over
-            | {
-                "VLLM_CACHE_ROOT": str(cache),
-                "TRITON_CACHE_DIR": str(cache / "triton"),
-                "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / "inductor"),
-                "HF_HOME": str(self.scratch / "hf"),
-                "PYTHONUNBUFFERED": "1",
-            }
+    server: PodServer
+    scratch: Path
+    started: float
+
+    @classmethod
+    def start(cls, name: str, model: str, port: int, extra: list[str], out: Path) -> Side:
+        argv, env_over, served = server_command("chart", model, port)
+        scratch = Path(tempfile.mkdtemp(prefix=f"kvoff-{name}-"))
+        env = {k: v for k, v in env_over.items() if k not in POD_PATHS}
+        server = PodServer(
+            model,
+            out / f"{name}.log",
+            served_name=served,
+            port=port,
+            env=env | cache_env(scratch / "cache", scratch),
+            test_env=False,
+            argv=argv + extra,
         )
-        for key in ("MINISTREAM_SIDECAR_STARTUP_LOG", "PROMETHEUS_MULTIPROC_DIR"):
-            env.pop(key, None)  # pod paths; one process needs neither
-        self.log = (out / f"{name}.log").open("w")
-        self.t0 = time.time()
-        self.proc = subprocess.Popen(
-            self.argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        side = cls(server, scratch, time.time())
+        server.start()
+        return side
 
     def wait_ready(self, deadline: float) -> float:
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    return time.time() - self.t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name}: no /health 200 before the deadline")
+        """Seconds from the start to /health 200 (raises past `deadline`, epoch seconds)."""
+        self.server.wait_healthy(max(0.0, deadline - time.time()), interval=0.2)
+        return time.time() - self.started
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
+        self.server.stop()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -305,7 +280,8 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def workload(args: argparse.Namespace) -> Workload:
+    """The run's workload; refused when a session's last turn would not fit the context."""
     w = Workload(
         args.sessions,
         args.turns,
@@ -320,15 +296,50 @@ def run(args: argparse.Namespace) -> int:
             f"a session's last turn needs {w.max_prompt() + w.output_tokens} tokens, more "
             f"than --max-model-len {args.max_model_len}: lower --turns or --prefix-tokens"
         )
+    return w
+
+
+def block(side: Side, w: Workload, seed: int) -> dict[str, Any]:
+    """One block of `w` against one side's server."""
+    return asyncio.run(run_block(side.server.url, side.server.served_name, w, seed))
+
+
+def measure_pairs(
+    servers: dict[str, Side],
+    w: Workload,
+    args: argparse.Namespace,
+    deadline: float,
+    blocks: list[dict[str, Any]],
+) -> None:
+    """Block pairs, the sides' order alternating, while `--blocks` or the budget asks for
+    more; each block goes to `blocks` as soon as it is measured (an error keeps those)."""
+    pair = 0
+    while pair < args.blocks or (args.more and time.time() < deadline - args.pair_s):
+        if time.time() > deadline - args.pair_s:
+            print(f"stopping before pair {pair}: budget", flush=True)
+            break
+        order = ("off", "on") if pair % 2 == 0 else ("on", "off")
+        for side in order:
+            b = block(servers[side], w, seed=pair) | {"side": side, "pair": pair}
+            blocks.append(b)
+            print(
+                f"pair {pair} {side}: ttft p50 {b['ttft_p50_s'] * 1e3:.1f} ms "
+                f"p99 {b['ttft_p99_s'] * 1e3:.1f} ms, {b['output_tok_s']:.0f} "
+                f"out tok/s, hit rate {b['prefix_cache_hit_rate']}, "
+                f"{b['wall_s']:.1f} s",
+                flush=True,
+            )
+        pair += 1
+
+
+def run(args: argparse.Namespace) -> int:
+    w = workload(args)
     out_path = Path(args.out)
-    out_dir = out_path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
-    deadline = t_start + args.budget_s
-    sides = side_args(args)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.budget_s
     servers = {
-        side: Server(f"kv-offload-{side}", args.model, args.port + i, extra, out_dir)
-        for i, (side, extra) in enumerate(sides.items())
+        side: Side.start(f"kv-offload-{side}", args.model, args.port + i, extra, out_path.parent)
+        for i, (side, extra) in enumerate(side_args(args).items())
     }
     result: dict[str, Any] = {
         "workload": asdict(w)
@@ -338,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "kv_cache_bytes": args.kv_cache_bytes,
         "offload_gib": args.offload_gib,
-        "argv": {s: srv.argv for s, srv in servers.items()},
+        "argv": {s: srv.server.command() for s, srv in servers.items()},
         "blocks": [],
         "ok": False,
     }
@@ -347,26 +358,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: {result['ready_s']}", flush=True)
         warm = Workload(2, 1, 256, 16, 8, 2, w.vocab_size)  # compiles/graphs touched before timing
         for srv in servers.values():
-            asyncio.run(run_block(srv.base, srv.served, warm, seed=10_000))
-        pair = 0
-        while pair < args.blocks or (args.more and time.time() < deadline - args.pair_s):
-            if time.time() > deadline - args.pair_s:
-                print(f"stopping before pair {pair}: budget", flush=True)
-                break
-            order = ("off", "on") if pair % 2 == 0 else ("on", "off")
-            for side in order:
-                srv = servers[side]
-                block = asyncio.run(run_block(srv.base, srv.served, w, seed=pair))
-                block |= {"side": side, "pair": pair}
-                result["blocks"].append(block)
-                print(
-                    f"pair {pair} {side}: ttft p50 {block['ttft_p50_s'] * 1e3:.1f} ms "
-                    f"p99 {block['ttft_p99_s'] * 1e3:.1f} ms, {block['output_tok_s']:.0f} "
-                    f"out tok/s, hit rate {block['prefix_cache_hit_rate']}, "
-                    f"{block['wall_s']:.1f} s",
-                    flush=True,
-                )
-            pair += 1
+            block(srv, warm, seed=10_000)
+        measure_pairs(servers, w, args, deadline, result["blocks"])
         result["ok"] = len(result["blocks"]) >= 2
     except (Exception, KeyboardInterrupt) as exc:  # keep what was measured
         result["error"] = repr(exc)
@@ -375,9 +368,7 @@ def run(args: argparse.Namespace) -> int:
         for srv in servers.values():
             srv.stop()
     result["summary"] = summarize(result["blocks"])
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stamp(result), indent=2) + "\n")
-    tmp.replace(out_path)
+    write_json(out_path, result)
     print(table_text(result))
     return 0 if result["ok"] else 1
 

@@ -89,3 +89,16 @@ def test_a_chat_resends_its_history(bench: ModuleType) -> None:
     plan = bench.order(w, seed=1)
     assert sorted(plan) == sorted((u, t) for u in range(4) for t in range(3))
     assert [t for _, t in plan] == sorted(t for _, t in plan)  # turn-major
+
+
+def test_router_decisions_are_summed_by_outcome(bench: ModuleType) -> None:
+    page = "\n".join(
+        [
+            f"# TYPE {bench.DECISIONS} counter",
+            f'{bench.DECISIONS}{{outcome="hit",worker="a"}} 3',
+            f'{bench.DECISIONS}{{outcome="hit",worker="b"}} 2',
+            f'{bench.DECISIONS}{{outcome="miss"}} 1',
+            'vllm_router_requests_total{outcome="hit"} 9',
+        ]
+    )
+    assert bench.decisions(page) == {"hit": 5.0, "miss": 1.0}

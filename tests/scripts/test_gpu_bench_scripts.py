@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ministream_sidecar import cpu_memory
+from ministream_testkit.net import free_port
 from ministream_testkit.vllm_server import IN_PROCESS_ENGINE
 from tests.support import tools
 from tests.support.scripts import GPU_SCRIPTS, SCRIPTS, ScriptImporter
@@ -289,7 +290,12 @@ def _run(
         os.environ
         | {
             "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "plugins"), str(ROOT / "devtools"), os.environ.get("PYTHONPATH", "")]
+                [
+                    str(ROOT / "plugins"),
+                    str(ROOT / "loadtest"),
+                    str(ROOT / "devtools"),
+                    os.environ.get("PYTHONPATH", ""),
+                ]
             ),
             **cpu_memory.pinned(),  # next to the tests' other engines
         }
@@ -535,3 +541,40 @@ def test_cold_start_drops_a_flag_with_its_values(import_script: ScriptImporter) 
     argv = ["python3", "--max-num-seqs", "8", "--cudagraph-capture-sizes", "1", "2", "--port", "1"]
     assert cold.drop_flag(argv, "--cudagraph-capture-sizes") == [*argv[:3], "--port", "1"]
     assert cold.drop_flag(argv, "--absent") == argv
+
+
+_FAKE_SERVER = """
+import os, sys, http.server
+print("pinned" if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else "as given", flush=True)
+sys.stdout.write("bar 1\\rbar 2\\n"); sys.stdout.flush()
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+@pytest.mark.network
+def test_pod_server_hands_over_each_line_without_the_tests_environment(  # type: ignore[no-untyped-def]
+    gpu_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cold_start.py's server through the testkit: the pod's own command line, none of the
+    tests' environment, each output line handed over as a text-mode pipe splits it (a
+    progress bar's `\\r` ends a line) and still written to the log."""
+    cold = gpu_module("cold_start")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    port = free_port()
+    lines: list[str] = []
+    server = cold.PodServer(
+        "model",
+        tmp_path / "server.log",
+        port=port,
+        test_env=False,
+        on_line=lines.append,
+        argv=[sys.executable, "-c", _FAKE_SERVER, str(port)],
+    )
+    with server.running():
+        pass
+    assert lines[:3] == ["as given", "bar 1", "bar 2"]
+    assert (tmp_path / "server.log").read_text().splitlines()[:3] == lines[:3]
+    assert server.process is not None and server.process.poll() is not None
