@@ -555,13 +555,13 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 
 @pytest.mark.network
-def test_pod_server_hands_over_each_line_without_the_tests_environment(  # type: ignore[no-untyped-def]
-    gpu_module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_pod_server_hands_over_each_line_without_the_tests_environment(
+    import_script: ScriptImporter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cold_start.py's server through the testkit: the pod's own command line, none of the
     tests' environment, each output line handed over as a text-mode pipe splits it (a
     progress bar's `\\r` ends a line) and still written to the log."""
-    cold = gpu_module("cold_start")
+    cold = import_script("cold_start")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     port = free_port()
     lines: list[str] = []

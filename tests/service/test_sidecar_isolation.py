@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 
+from tests.test_layers import SIDECAR_FROM_PLUGIN
+
 # Each forbidden name is poisoned in sys.modules (None makes `import x` raise ImportError),
 # so any import of it, direct or transitive, fails the child process.
 FORBIDDEN = ("torch", "vllm", "transformers", "triton", "numpy")
-FROM_PLUGIN = ("ministream", "ministream.startup_log")
+# The torch-free modules of the plugin package the sidecar may load: the layer rule's own list.
+FROM_PLUGIN = tuple(sorted(SIDECAR_FROM_PLUGIN))
 
 CHILD = textwrap.dedent(
     """
