@@ -359,11 +359,10 @@ def bad_release_podman(root: Path) -> Lines:
 # ---------------------------------------------------------------- the rollout soak
 
 SOAK_SMOKE = f"{SERVE}/rollout-soak-smoke.json"
+SOAK = f"{SERVE}/rollout-soak.json"
 
 
-@TABLES.table("rollout-soak-smoke", SOAK_SMOKE)
-def rollout_soak_smoke(root: Path) -> Lines:
-    soak = load(root, SOAK_SMOKE)
+def _soak_rows(soak: dict[str, Any]) -> Lines:
     lines = header(
         "front",
         "mode",
@@ -386,3 +385,13 @@ def rollout_soak_smoke(root: Path) -> Lines:
             )
         )
     return lines
+
+
+@TABLES.table("rollout-soak-smoke", SOAK_SMOKE)
+def rollout_soak_smoke(root: Path) -> Lines:
+    return _soak_rows(load(root, SOAK_SMOKE))
+
+
+@TABLES.table("rollout-soak", SOAK)
+def rollout_soak(root: Path) -> Lines:
+    return _soak_rows(load(root, SOAK))
