@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ministream.demo import convert_argv
 from ministream_sidecar import cpu_memory
 from ministream_testkit.processes import evict_from_page_cache
 from ministream_testkit.provenance import stamp
@@ -139,15 +140,7 @@ def prepare(args: argparse.Namespace, s3: S3Server, env: dict[str, str]) -> dict
         if not (raw / "model.pt").exists():
             times["demo_s"] = cli("demo", "--preset", args.preset, "--output", str(raw), env=env)
         times["convert_s"] = cli(
-            "convert",
-            "--checkpoint",
-            str(raw / "model.pt"),
-            "--train-config",
-            str(raw / "train_config.json"),
-            "--tokenizer",
-            str(raw / "tokenizer"),
-            "--output",
-            str(model),
+            *convert_argv(raw, model),
             "--dtype",
             "bfloat16",
             "--quiet",

@@ -92,6 +92,30 @@ def _pods(report: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+ROLLOUT_COLUMNS = ("sent", "succeeded", "failed", "failures by cause (by pod)", "restart window")
+TTFT_COLUMN = "window TTFT p50 / p95 / p99"
+E2E_COLUMN = "window E2E p50 / p95 / p99"
+
+
+def _window(report: dict[str, Any]) -> str:
+    w = report["restart_window"]
+    return f"{w['duration_s']:.0f} s, {w['sent']} requests"
+
+
+def _outcome(report: dict[str, Any], ttft: bool = True) -> list[Any]:
+    """The cells of ROLLOUT_COLUMNS, then the window's TTFT (if `ttft`) and E2E latencies."""
+    window = report["restart_window"]
+    return [
+        report["sent"],
+        report["succeeded"],
+        f"**{report['failed']}**",
+        _causes(report),
+        _window(report),
+        *([_pct(window, "ttft_ms")] if ttft else []),
+        _pct(window, "e2el_ms"),
+    ]
+
+
 ROUTER_PAIR = (f"{SERVE}/rollout-router-drain.json", f"{SERVE}/rollout-router-nodrain.json")
 
 
@@ -99,13 +123,9 @@ ROUTER_PAIR = (f"{SERVE}/rollout-router-drain.json", f"{SERVE}/rollout-router-no
 def rollout_router_pair(root: Path) -> Lines:
     lines = header(
         "run (load average at the end)",
-        "sent",
-        "succeeded",
-        "failed",
-        "failures by cause (by pod)",
-        "restart window",
-        "window TTFT p50 / p95 / p99",
-        "window E2E p50 / p95 / p99",
+        *ROLLOUT_COLUMNS,
+        TTFT_COLUMN,
+        E2E_COLUMN,
         "router: failed tries / retries / retries exhausted / breakers opened",
         "pods",
         align="lrrrlrrrll",
@@ -114,22 +134,8 @@ def rollout_router_pair(root: Path) -> Lines:
         ROUTER_PAIR, ("with preStop `/drain`", "`--no-drain`, the control"), strict=True
     ):
         r = load(root, rel)
-        w = r["restart_window"]
         load_avg = r["provenance"]["machine"]["load_average"][0]
-        lines.append(
-            row(
-                f"{label} ({load_avg:.1f})",
-                r["sent"],
-                r["succeeded"],
-                f"**{r['failed']}**",
-                _causes(r),
-                f"{w['duration_s']:.0f} s, {w['sent']} requests",
-                _pct(w, "ttft_ms"),
-                _pct(w, "e2el_ms"),
-                _router_tries(r),
-                _pods(r),
-            )
-        )
+        lines.append(row(f"{label} ({load_avg:.1f})", *_outcome(r), _router_tries(r), _pods(r)))
     return lines
 
 
@@ -186,41 +192,21 @@ ROLLOUT = {
 }
 
 
-def _window(report: dict[str, Any]) -> str:
-    w = report["restart_window"]
-    return f"{w['duration_s']:.0f} s, {w['sent']} requests"
-
-
 @TABLES.table("rollout-haproxy", *ROLLOUT)
 def rollout_haproxy(root: Path) -> Lines:
     lines = header(
         "run",
-        "sent",
-        "succeeded",
-        "failed",
-        "failures by cause (by pod)",
-        "restart window",
-        "window TTFT p50 / p95 / p99",
-        "window E2E p50 / p95 / p99",
+        *ROLLOUT_COLUMNS,
+        TTFT_COLUMN,
+        E2E_COLUMN,
         "before the window E2E p50 / p99",
         align="lrrrlrrrr",
     )
     for rel, label in ROLLOUT.items():
         r = load(root, rel)
         before = r["before_window"]["e2el_ms"]
-        lines.append(
-            row(
-                label,
-                r["sent"],
-                r["succeeded"],
-                f"**{r['failed']}**",
-                _causes(r),
-                _window(r),
-                _pct(r["restart_window"], "ttft_ms"),
-                _pct(r["restart_window"], "e2el_ms"),
-                f"{before['p50'] / 1000:.2f} / {before['p99'] / 1000:.2f} s",
-            )
-        )
+        before_cell = f"{before['p50'] / 1000:.2f} / {before['p99'] / 1000:.2f} s"
+        lines.append(row(label, *_outcome(r), before_cell))
     return lines
 
 
@@ -248,28 +234,13 @@ def _podman_rows(root: Path, runs: dict[str, str], ttft: bool) -> Lines:
     lines = []
     for rel, label in runs.items():
         r = load(root, rel)
-        lines.append(
-            row(
-                label + _load_average(r),
-                r["sent"],
-                r["succeeded"],
-                f"**{r['failed']}**",
-                _causes(r),
-                _window(r),
-                *([_pct(r["restart_window"], "ttft_ms")] if ttft else []),
-                _pct(r["restart_window"], "e2el_ms"),
-                _pods(r),
-            )
-        )
+        lines.append(row(label + _load_average(r), *_outcome(r, ttft), _pods(r)))
     return lines
-
-
-ROLLOUT_COLUMNS = ("sent", "succeeded", "failed", "failures by cause (by pod)", "restart window")
 
 
 @TABLES.table("rollout-podman-ci", *ROLLOUT_PODMAN_CI)
 def rollout_podman_ci(root: Path) -> Lines:
-    lines = header("run", *ROLLOUT_COLUMNS, "window E2E p50 / p95 / p99", "pods", align="lrrrlrrl")
+    lines = header("run", *ROLLOUT_COLUMNS, E2E_COLUMN, "pods", align="lrrrlrrl")
     return lines + _podman_rows(root, ROLLOUT_PODMAN_CI, ttft=False)
 
 
@@ -278,8 +249,8 @@ def rollout_podman(root: Path) -> Lines:
     lines = header(
         "run",
         *ROLLOUT_COLUMNS,
-        "window TTFT p50 / p95 / p99",
-        "window E2E p50 / p95 / p99",
+        TTFT_COLUMN,
+        E2E_COLUMN,
         "pods",
         align="lrrrlrrrl",
     )

@@ -128,6 +128,19 @@ def train_tokenizer(vocab_size: int, out_dir: Path, seed: int = 0) -> None:
     )
 
 
+# The files `write_demo_checkpoint` writes, as `ministream convert` takes them.
+CHECKPOINT, TRAIN_CONFIG, TOKENIZER = "model.pt", "train_config.json", "tokenizer"
+
+
+def convert_argv(raw: Path, output: Path) -> list[str]:
+    """`ministream convert`'s arguments for the demo checkpoint in `raw`, into `output`."""
+    return [
+        "convert",
+        *("--checkpoint", str(raw / CHECKPOINT), "--train-config", str(raw / TRAIN_CONFIG)),
+        *("--tokenizer", str(raw / TOKENIZER), "--output", str(output)),
+    ]
+
+
 def write_demo_checkpoint(
     preset: str, out_dir: str | Path, seed: int = 0, config: TrainConfig | None = None
 ) -> Path:
@@ -144,10 +157,10 @@ def write_demo_checkpoint(
     try:
         torch.save(
             {"model": random_state_dict(config, seed), "step": 0, "optimizer": {"lr": 0.0}},
-            tmp / "model.pt",
+            tmp / CHECKPOINT,
         )
-        (tmp / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        train_tokenizer(config.vocab_size, tmp / "tokenizer", seed)
+        (tmp / TRAIN_CONFIG).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        train_tokenizer(config.vocab_size, tmp / TOKENIZER, seed)
         make_world_readable(tmp)
         os.replace(tmp, out)
     except BaseException:

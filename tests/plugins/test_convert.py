@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from ministream.checkpoint import load_raw_state_dict
 from ministream.convert import convert, parse_size
+from ministream.demo import convert_argv
 from ministream.errors import CheckpointError
 from ministream.manifest import MANIFEST_NAME, verify_dir
 from ministream.names import hf_shapes
@@ -281,20 +282,7 @@ def test_interrupted_conversion_leaves_nothing(models: ModelFactory, tmp_path: P
 def test_cli_reports_errors_without_traceback(models: ModelFactory, tmp_path: Path) -> None:
     raw = _mutated_checkpoint(models, tmp_path, lambda s, d: s.pop("blocks.0.norm1.weight"))
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream.cli",
-            "convert",
-            "--checkpoint",
-            str(raw / "model.pt"),
-            "--train-config",
-            str(raw / "train_config.json"),
-            "--tokenizer",
-            str(raw / "tokenizer"),
-            "--output",
-            str(tmp_path / "out"),
-        ],
+        [sys.executable, "-m", "ministream.cli", *convert_argv(raw, tmp_path / "out")],
         capture_output=True,
         text=True,
         check=False,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ministream.cli import main as cli_main
-from ministream.demo import random_adapter
+from ministream.demo import convert_argv, random_adapter
 from ministream.lora_convert import read_base
 from ministream.manifest import MANIFEST_NAME, verify_dir
 from tests.support.models import ModelFactory
@@ -44,9 +44,7 @@ def _user_data(root: Path) -> Path:
 def _argv(command: str, models: ModelFactory, base: Path, adapter: Path, out: Path) -> list[str]:
     if command == "convert":
         raw = models.raw("tiny")
-        return ["convert", "--checkpoint", str(raw / "model.pt"), "--train-config",
-                str(raw / "train_config.json"), "--tokenizer", str(raw / "tokenizer"),
-                "--dtype", "float32", "--output", str(out), "--quiet"]  # fmt: skip
+        return [*convert_argv(raw, out), "--dtype", "float32", "--quiet"]
     if command == "convert-lora":
         return ["convert-lora", "--adapter", str(adapter), "--base", str(base),
                 "--output", str(out), "--quiet"]  # fmt: skip
