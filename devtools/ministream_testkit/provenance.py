@@ -61,7 +61,13 @@ BYTECODE_PACKAGES: tuple[str, ...] = ("torch", "vllm", "transformers")
 # Environment variables that change what a run measures (engine settings, caches, bytecode,
 # threads), recorded with the command; names that may hold a secret are never recorded.
 ENV_PREFIXES: tuple[str, ...] = ("VLLM_", "MINISTREAM_", "OMP_", "CUDA_VISIBLE_DEVICES", "HF_")
-ENV_NAMES: tuple[str, ...] = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONPATH")
+ENV_NAMES: tuple[str, ...] = (
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONPYCACHEPREFIX",
+    "PYTHONPATH",
+    "PYTEST_ARGS",  # `make test`'s extra pytest arguments (e.g. a CI timing run's -v)
+    "TEST_WORKERS",
+)
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 # The block's own inputs: recorded as commit, dirty and command, not again as environment.
 _OWN_ENV = ("MINISTREAM_COMMIT", "MINISTREAM_DIRTY", "MINISTREAM_COMMAND")
