@@ -16,8 +16,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
@@ -55,6 +59,20 @@ def request_counts(url: str) -> RequestCounts:
     """Running and waiting requests of the vLLM server at `url`, read as the sidecar's drain
     reads them (ministream_sidecar.engine_client.parse_request_counts)."""
     return parse_request_counts(metrics_text(url))
+
+
+def engine_core(server: VLLMServer) -> psutil.Process:
+    """The server's one engine-core process (vLLM spawns it under the API server)."""
+    import psutil
+
+    assert server.process is not None
+    cores = [
+        p
+        for p in psutil.Process(server.process.pid).children(recursive=True)
+        if "EngineCore" in p.name()
+    ]
+    assert len(cores) == 1, f"expected one engine-core process, found {cores}"
+    return cores[0]
 
 
 def metrics_text(url: str) -> str:

@@ -20,7 +20,12 @@ from promkit import NAMESPACE, POD, ROOT, LiveStack, PrometheusServer, ScrapeTar
 from ministream_observability.generate import RULES_FILE
 from ministream_testkit.load import BusyEngine, client, completion
 from ministream_testkit.sidecar_process import SidecarProcess, start_sidecar
-from ministream_testkit.vllm_server import metrics_text, request_counts, sum_samples
+from ministream_testkit.vllm_server import (
+    engine_core,
+    metrics_text,
+    request_counts,
+    sum_samples,
+)
 from ministream_testkit.waiting import wait_until
 
 
@@ -99,6 +104,19 @@ def _wait_running(url: str, timeout: float = 60) -> None:
     )
 
 
+def _stopped_while_running(vllm: Any, tries: int = 5) -> Any:
+    """The engine core, stopped (SIGSTOP) while vLLM's gauge, read after the stop, shows a
+    request running: the gauge then stays so until the core is resumed."""
+    core = engine_core(vllm)
+    for _ in range(tries):
+        _wait_running(vllm.url)
+        core.suspend()
+        if request_counts(vllm.url).running > 0:
+            return core
+        core.resume()
+    raise AssertionError(f"vLLM's gauge never showed a request running at a stop ({tries} tries)")
+
+
 def _counter(url: str, name: str) -> float:
     """A counter in vLLM's /metrics, summed over its label sets."""
     return sum_samples(metrics_text(url), name)
@@ -136,13 +154,16 @@ def live(
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")
     assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
-    # Plain (not streamed) long completions: the drain ends "idle" after two polls 0.5 s apart
-    # that see nothing running or waiting, and under streamed load vLLM's API server falls
-    # behind on two cores, so its engine finishes the requests and idles while the clients
-    # are still receiving (one CI run's drain ended "idle" that way).
+    # Plain (not streamed) long completions, and the engine core stopped (SIGSTOP) once vLLM's
+    # gauge shows one running: the gauge keeps what the engine core last published, so every
+    # poll of the drain sees a request running and it times out by construction. (Under load
+    # alone, two of the drain's polls could both read 0 on two cores: CI runs ended "idle".)
     with BusyEngine(vllm_server, threads=4, stream=False):
-        _wait_running(vllm_server.url)
-        r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
+        core = _stopped_while_running(vllm_server)
+        try:
+            r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
+        finally:
+            core.resume()
     assert r.status_code == 200 and r.json()["outcome"] == "timeout", r.text
     prometheus.wait_for('ministream_drains_total{outcome="timeout"} == 1', 30, "timeout drain")
     _wait_idle_and_scraped(vllm_server, prometheus)

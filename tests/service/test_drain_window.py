@@ -35,7 +35,12 @@ import pytest
 from sidecarkit import SidecarFactory
 
 from ministream_sidecar.engine_client import LOAD_PATH, LOAD_TRACKING_FLAG
-from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, request_counts
+from ministream_testkit.vllm_server import (
+    TINY_ENGINE_ARGS,
+    VLLMServer,
+    engine_core,
+    request_counts,
+)
 from ministream_testkit.waiting import wait_until
 from tests.conftest import TINY_SERVED_NAME
 
@@ -59,17 +64,6 @@ def own_vllm(
     )
     with server.running():
         yield server
-
-
-def engine_core(server: VLLMServer) -> psutil.Process:
-    assert server.process is not None
-    cores = [
-        p
-        for p in psutil.Process(server.process.pid).children(recursive=True)
-        if "EngineCore" in p.name()
-    ]
-    assert len(cores) == 1, f"expected one engine-core process, found {cores}"
-    return cores[0]
 
 
 def in_flight(server: VLLMServer) -> int:
