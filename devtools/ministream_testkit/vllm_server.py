@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-
-if TYPE_CHECKING:
-    import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
@@ -31,6 +28,9 @@ from ministream_testkit.local_server import LocalServer
 from ministream_testkit.net import answers
 from ministream_testkit.processes import stop_group
 from ministream_testkit.waiting import wait_until
+
+if TYPE_CHECKING:
+    import psutil
 
 # The engine arguments of every tiny-model server in the tests (float32 so that numerics
 # compare tightly; eager, as compiling costs minutes on CPU). Servers whose results are
@@ -133,9 +133,12 @@ class VLLMServer(LocalServer):
 
     def start(self) -> VLLMServer:
         self.launch(
-            self.command(), self.log_path, env=self.environment(), own_group=True,
+            self.command(),
+            self.log_path,
+            env=self.environment(),
+            own_group=True,
             on_line=self.on_line,
-        )  # fmt: skip
+        )
         return self
 
     def wait_healthy(self, timeout: float = 600.0, interval: float = 0.5) -> VLLMServer:
