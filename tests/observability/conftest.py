@@ -111,7 +111,12 @@ def _stopped_while_running(vllm: Any, tries: int = 5) -> Any:
     for _ in range(tries):
         _wait_running(vllm.url)
         core.suspend()
-        if request_counts(vllm.url).running > 0:
+        try:
+            running = request_counts(vllm.url).running
+        except BaseException:
+            core.resume()
+            raise
+        if running > 0:
             return core
         core.resume()
     raise AssertionError(f"vLLM's gauge never showed a request running at a stop ({tries} tries)")
