@@ -119,12 +119,84 @@ def run18_cold_start_b(root: Path) -> Lines:
 
 
 RUN19_COLD = (f"{H200}/run19/call4/coldstart-1/cold",)
+H200_ORDER = ["h200-fresh", "h200-seeded-evict-prefetch", "h200-warm", "vllm-fresh", "vllm-warm"]
 
 
 @TABLES.table("h200-run19-cold-start", *RUN19_COLD)
 def run19_cold_start(root: Path) -> Lines:
-    order = "h200-fresh h200-seeded-evict-prefetch h200-warm vllm-fresh vllm-warm"
-    return cold_start_summary(root, list(RUN19_COLD), order.split())
+    return cold_start_summary(root, list(RUN19_COLD), H200_ORDER)
+
+
+RUN20_B = (f"{H200}/run20/call2", f"{H200}/run20/call3")
+RUN20_C = (f"{H200}/run20/call5", f"{H200}/run20/call6/coldstart-1")
+RUN20_MEGA = (f"{H200}/run20/call6/coldstart-2",)
+
+
+@TABLES.table("h200-run20-cold-start-b", *RUN20_B)
+def run20_cold_start_b(root: Path) -> Lines:
+    return cold_start_summary(root, list(RUN20_B), H200_ORDER)
+
+
+@TABLES.table("h200-run20-cold-start-c", *RUN20_C)
+def run20_cold_start_c(root: Path) -> Lines:
+    return cold_start_summary(root, list(RUN20_C), H200_ORDER)
+
+
+@TABLES.table("h200-run20-mega-aot", *RUN20_MEGA)
+def run20_mega_aot(root: Path) -> Lines:
+    return cold_start_summary(root, list(RUN20_MEGA), [])
+
+
+MACHINES = {
+    "A (run 19)": RUN19_COLD,
+    "B (run 20)": RUN20_B,
+    "C (run 20)": RUN20_C,
+}
+
+
+def _ready_median(times: dict[str, tuple[list[float], int]], variant: str) -> float:
+    ready, _ = times.get(variant, ([], 0))
+    if not ready:
+        raise RenderError(f"no start of {variant} served")
+    return statistics.median(ready)
+
+
+def _ready_cell(times: dict[str, tuple[list[float], int]], variant: str) -> str:
+    ready, started = times.get(variant, ([], 0))
+    return f"{gpu_script('cold_start').spread(ready)} ({len(ready)}/{started})"
+
+
+@TABLES.table("h200-cold-start-machines", *(d for dirs in MACHINES.values() for d in dirs))
+def cold_start_machines(root: Path) -> Lines:
+    """The chart's start against vLLM's defaults, machine by machine: Ready medians
+    [min–max] (served/started) and the ratios of the medians."""
+    lines = header(
+        "machine",
+        "**seeded new node**",
+        "**warm node**",
+        "vLLM defaults, fresh",
+        "vLLM defaults, warm",
+        "seeded / vLLM fresh",
+        "warm / vLLM warm",
+    )
+    for machine, dirs in MACHINES.items():
+        for d in dirs:
+            if not (root / d).is_dir():
+                raise RenderError(f"raw folder missing: {d}")
+        times = gpu_script("cold_start").ready_times([str(root / d) for d in dirs])
+        seeded, warm = "h200-seeded-evict-prefetch", "h200-warm"
+        lines.append(
+            row(
+                machine,
+                f"**{_ready_cell(times, seeded)}**",
+                f"**{_ready_cell(times, warm)}**",
+                _ready_cell(times, "vllm-fresh"),
+                _ready_cell(times, "vllm-warm"),
+                f"{_ready_median(times, seeded) / _ready_median(times, 'vllm-fresh'):.2f}",
+                f"{_ready_median(times, warm) / _ready_median(times, 'vllm-warm'):.2f}",
+            )
+        )
+    return lines
 
 
 RUN18_PAIRS = (f"{H200}/run18/call4", f"{H200}/run18/call5")

@@ -478,6 +478,17 @@ def summary_lines(dirs: list[str], order: list[str] | None = None) -> list[str]:
     return lines
 
 
+def ready_times(dirs: list[str]) -> dict[str, tuple[list[float], int]]:
+    """Per variant: the Ready times of its starts that served, and how many it started."""
+    out: dict[str, tuple[list[float], int]] = {}
+    for r in _load_runs(dirs):
+        ready, started = out.setdefault(variant_of(r["name"]), ([], 0))
+        if r.get("ok") and r["events"].get("ready") is not None:
+            ready.append(r["events"]["ready"])
+        out[variant_of(r["name"])] = (ready, started + 1)
+    return out
+
+
 def summary(args: argparse.Namespace) -> int:
     """Per variant over its repeats: n started, n ok, median [min–max] of each phase."""
     print("\n".join(summary_lines(args.dirs, args.order.split(",") if args.order else [])))
