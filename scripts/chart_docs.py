@@ -102,20 +102,19 @@ def _lookup(values: dict, path: tuple[str, ...]) -> object:
     return node
 
 
+# The first match names the type: bool before int, since a bool is an int in Python.
+_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (bool, "bool"),
+    (int, "int"),
+    (float, "float"),
+    (str, "string"),
+    (list, "list"),
+    (dict, "object"),
+)
+
+
 def _type_of(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), "null")
 
 
 def _cell(text: str) -> str:

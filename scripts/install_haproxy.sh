@@ -9,16 +9,12 @@
 # and in containers without an init system nothing is started. Usage: scripts/install_haproxy.sh
 set -euo pipefail
 
-have() { command -v "$1" >/dev/null 2>&1; }
+source "$(dirname "$0")/apt_install.sh"
 
 if have haproxy; then
     echo "install_haproxy: already installed"
 else
-    SUDO=""
-    [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
-    echo "install_haproxy: apt-get install haproxy"
-    ${SUDO} apt-get update
-    DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y --no-install-recommends haproxy
+    apt_install install_haproxy haproxy
 fi
 
 haproxy -v 2>&1 | sed -n 1p

@@ -11,18 +11,14 @@
 # Usage: scripts/install_oci.sh
 set -euo pipefail
 
-have() { command -v "$1" >/dev/null 2>&1; }
+source "$(dirname "$0")/apt_install.sh"
 
 if have buildah && have podman && have runc && have mmdebstrap && have conmon \
     && [[ -x /usr/libexec/podman/catatonit || -x /usr/bin/catatonit ]]; then
     echo "install_oci: already installed"
 else
-    SUDO=""
-    [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
-    echo "install_oci: apt-get install buildah podman runc mmdebstrap ..."
-    ${SUDO} apt-get update
-    DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y --no-install-recommends \
-        buildah podman runc mmdebstrap uidmap netavark aardvark-dns iptables conmon catatonit
+    apt_install install_oci buildah podman runc mmdebstrap uidmap netavark aardvark-dns iptables \
+        conmon catatonit
 fi
 
 buildah --version

@@ -7,16 +7,12 @@
 # containers without an init system nothing is started. Usage: scripts/install_prometheus.sh
 set -euo pipefail
 
-have() { command -v "$1" >/dev/null 2>&1; }
+source "$(dirname "$0")/apt_install.sh"
 
 if have prometheus && have promtool; then
     echo "install_prometheus: already installed"
 else
-    SUDO=""
-    [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
-    echo "install_prometheus: apt-get install prometheus"
-    ${SUDO} apt-get update
-    DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y --no-install-recommends prometheus
+    apt_install install_prometheus prometheus
 fi
 
 prometheus --version 2>&1 | sed -n 1p

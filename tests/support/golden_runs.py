@@ -41,30 +41,27 @@ def run_golden(
     """Eager unless `pp > 1`: vLLM 0.32's CPU runner serves pipeline stages only on the
     compiled path (with enforce_eager its PP worker dies on an assertion, built-in Llama
     too)."""
+    args = ["--model", str(model), "--out", str(out), "--tp", str(tp), "--pp", str(pp)]
+    args += ["--dtype", dtype, "--load-format", load_format, "--max-tokens", str(MAX_TOKENS)]
+    args += ["--eager"] if pp == 1 else []
+    return run_engine_module("ministream_reference.golden", args, tp * pp, env, check=check)
+
+
+def run_engine_module(
+    module: str,
+    args: list[str],
+    world: int,
+    env: Mapping[str, str] | None = None,
+    *,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m module args` as one offline engine run of `world` ranks; with `check`, a
+    failed run fails the test with the end of its output."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream_reference.golden",
-            "--model",
-            str(model),
-            "--out",
-            str(out),
-            "--tp",
-            str(tp),
-            "--pp",
-            str(pp),
-            "--dtype",
-            dtype,
-            "--load-format",
-            load_format,
-            "--max-tokens",
-            str(MAX_TOKENS),
-            *(["--eager"] if pp == 1 else []),
-        ],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
-        env=engine_env(tp * pp, env),
+        env=engine_env(world, env),
         timeout=1800,
         check=False,
     )
@@ -98,28 +95,7 @@ def run_lora_golden(
 ) -> None:
     """`python -m ministream_reference.lora`: every prompt without and with each adapter in
     one engine, with as many adapter slots as adapters (every slot in use)."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ministream_reference.lora",
-            "--model",
-            str(model),
-            *(arg for name, path in adapters.items() for arg in ("--adapter", f"{name}={path}")),
-            "--out",
-            str(out),
-            "--tp",
-            str(tp),
-            "--max-lora-rank",
-            str(max_lora_rank),
-            "--max-tokens",
-            str(MAX_TOKENS),
-        ],
-        capture_output=True,
-        text=True,
-        env=engine_env(tp),
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        fail(proc)
+    args = ["--model", str(model)]
+    args += [arg for name, path in adapters.items() for arg in ("--adapter", f"{name}={path}")]
+    args += ["--out", str(out), "--tp", str(tp), "--max-lora-rank", str(max_lora_rank)]
+    run_engine_module("ministream_reference.lora", [*args, "--max-tokens", str(MAX_TOKENS)], tp)
