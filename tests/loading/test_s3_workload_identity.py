@@ -155,8 +155,8 @@ def identity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServe
 
 
 @pytest.fixture(scope="module")
-def chart_env(identity: IdentityServer) -> dict[str, str]:
-    """The vLLM container's plain environment, as the chart renders it without a key Secret."""
+def vllm_container(identity: IdentityServer) -> dict[str, Any]:
+    """The vLLM container as the chart renders it in `runaiStreamer` mode without a key Secret."""
     sets = [
         "apiKey.enabled=false",
         "loading.mode=runaiStreamer",
@@ -170,7 +170,24 @@ def chart_env(identity: IdentityServer) -> dict[str, str]:
     (vllm,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"
     ]
-    return {e["name"]: e["value"] for e in vllm["env"] if "value" in e}
+    return vllm
+
+
+@pytest.fixture(scope="module")
+def chart_env(vllm_container: dict[str, Any]) -> dict[str, str]:
+    """The vLLM container's plain environment (no key Secret)."""
+    return {e["name"]: e["value"] for e in vllm_container["env"] if "value" in e}
+
+
+LOADER_FLAGS = ("--load-format", "--model-loader-extra-config")
+
+
+def chart_loader_args(vllm_container: dict[str, Any]) -> list[str]:
+    """The loader flags the chart passes to vLLM (the load format and the streamer's
+    concurrency and memory limit), each with its value."""
+    args = [str(a) for a in vllm_container["args"]]
+    picked = [[flag, args[args.index(flag) + 1]] for flag in LOADER_FLAGS]
+    return [item for pair in picked for item in pair]
 
 
 def test_chart_renders_no_keys_and_keeps_instance_metadata(chart_env: dict[str, str]) -> None:
@@ -407,6 +424,7 @@ def test_pod_identity_container_credentials(
 @pytest.mark.timeout(3600)
 def test_vllm_serves_from_s3_with_web_identity(
     identity: IdentityServer,
+    vllm_container: dict[str, Any],
     chart_env: dict[str, str],
     uploaded: str,
     model_dir: Path,
@@ -414,8 +432,14 @@ def test_vllm_serves_from_s3_with_web_identity(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The whole path: vLLM's runai_streamer loader (listing and config pulls by boto3,
-    weights by the C++ reader) with the chart's env and IRSA, and the greedy tokens of the
-    reference model."""
+    weights by the C++ reader) with the chart's env, loader flags (the streamer's concurrency
+    and memory limit through --model-loader-extra-config) and IRSA, and the greedy tokens of
+    the reference model.
+
+    This is also docs/loading.md's `runai_streamer` path from S3, the one of its paths that
+    test_paths.py does not serve: the local TP=1 load gives these reference tokens too
+    (test_paths.py::test_local_tp1_matches_the_reference_model), and the C++ reader signing
+    with a static key is served there (test_runai_streamer_sharded_tp2_from_s3)."""
     for key in list(os.environ):
         if key.startswith(("AWS_", "RUNAI_STREAMER_")):
             monkeypatch.delenv(key)  # the server inherits this process's environment
@@ -427,7 +451,8 @@ def test_vllm_serves_from_s3_with_web_identity(
     env["VLLM_ASSETS_CACHE"] = str(tmp_path / "assets")
     since = identity.mark()
     served = serve(
-        uploaded, tmp_path / "vllm.log", env=env, extra_args=["--load-format", "runai_streamer"]
+        uploaded, tmp_path / "vllm.log", env=env, extra_args=chart_loader_args(vllm_container)
     )
+    assert "runai" in served.log.lower()
     assert_same_tokens(reference_completions(model_dir, PROMPTS, 16), served.completions)
     _assert_role_session([r for r in _s3_requests(identity, since) if r["method"] == "GET"])
