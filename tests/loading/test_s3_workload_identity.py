@@ -241,8 +241,12 @@ def ministream(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
     )
 
 
+def _to_bucket(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in requests if r["path"].startswith(f"/{BUCKET}")]
+
+
 def _s3_requests(server: IdentityServer, since: int) -> list[dict[str, Any]]:
-    return [r for r in server.requests(since) if r["path"].startswith(f"/{BUCKET}")]
+    return _to_bucket(server.requests(since))
 
 
 def _assert_role_session(requests: list[dict[str, Any]]) -> None:
@@ -254,20 +258,38 @@ def _assert_role_session(requests: list[dict[str, Any]]) -> None:
         assert r["session_token"] and r["status"] not in (401, 403) and r["status"] < 500, r
 
 
-def test_upload_and_reads_with_web_identity(
-    identity: IdentityServer, chart_env: dict[str, str], model_dir: Path, tmp_path: Path
-) -> None:
-    env = irsa(chart_env, tmp_path)
-    since = identity.mark()
+@dataclass
+class IrsaUpload:
+    url: str
+    env: dict[str, str]
+    requests: list[dict[str, Any]]  # what the identity server logged during the upload
+
+
+@pytest.fixture(scope="module")
+def irsa_upload(
+    identity: IdentityServer,
+    chart_env: dict[str, str],
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> IrsaUpload:
+    """`ministream upload` with IRSA, once: its requests are checked, its objects streamed."""
     url = f"s3://{BUCKET}/wi/tiny"
+    env = irsa(chart_env, tmp_path_factory.mktemp("uploader"))
+    since = identity.mark()
     up = ministream("upload", str(model_dir), url, "--quiet", env=env)
     assert up.returncode == 0, up.stderr
-    log = identity.requests(since)
+    return IrsaUpload(url, env, identity.requests(since))
+
+
+def test_upload_and_reads_with_web_identity(
+    identity: IdentityServer, irsa_upload: IrsaUpload, model_dir: Path
+) -> None:
+    log = irsa_upload.requests
     assert [r["status"] for r in log if r["action"] == "AssumeRoleWithWebIdentity"] == [200]
-    _assert_role_session(_s3_requests(identity, since))
+    _assert_role_session(_to_bucket(log))
     # Again: it reads the remote manifest and objects back, finds them complete, writes nothing.
     since = identity.mark()
-    again = ministream("upload", str(model_dir), url, "--quiet", env=env)
+    again = ministream("upload", str(model_dir), irsa_upload.url, "--quiet", env=irsa_upload.env)
     assert again.returncode == 0, again.stderr
     reads = _s3_requests(identity, since)
     _assert_role_session(reads)
@@ -293,17 +315,8 @@ def test_a_wrong_token_gets_no_credentials(
 
 
 @pytest.fixture(scope="module")
-def uploaded(
-    identity: IdentityServer,
-    chart_env: dict[str, str],
-    model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> str:
-    url = f"s3://{BUCKET}/wi/streamed"
-    env = irsa(chart_env, tmp_path_factory.mktemp("uploader"))
-    up = ministream("upload", str(model_dir), url, "--quiet", env=env)
-    assert up.returncode == 0, up.stderr
-    return url
+def uploaded(irsa_upload: IrsaUpload) -> str:
+    return irsa_upload.url
 
 
 # Streams the files named on its command line; prints {tensor name: sha256 of its bytes}.
