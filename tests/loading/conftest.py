@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ministream.upload import upload
 from ministream_testkit.s3_server import S3Server
 from ministream_testkit.vllm_server import VLLMServer
 from tests.loading.helpers import PROMPTS, Served, complete
@@ -68,6 +69,14 @@ def run_cli(
     return proc
 
 
+def upload_to(store: S3Server, model_dir: Path, prefix: str) -> str:
+    """`ministream upload`'s own function, in this process: what the CLI runs, without a
+    Python start per upload (test_upload.py runs the CLI itself)."""
+    url = f"s3://{BUCKET}/{prefix}"
+    upload(model_dir, url, progress=False, client=store.client())
+    return url
+
+
 @pytest.fixture(scope="session")
 def model_dir(tiny_model_dir: Path) -> Path:
     """The session's tiny model (three safetensors files), the one `vllm_server` serves."""
@@ -81,10 +90,8 @@ def other_model_dir(models: ModelFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_url(s3_env: dict[str, str], model_dir: Path) -> str:
-    url = f"s3://{BUCKET}/tiny"
-    run_cli("upload", str(model_dir), url, "--quiet", env=s3_env)
-    return url
+def model_url(s3: S3Server, model_dir: Path) -> str:
+    return upload_to(s3, model_dir, "tiny")
 
 
 def shard(model: str, output: str, tp: int, pp: int = 1, env: dict[str, str] | None = None) -> str:

@@ -21,7 +21,7 @@ from ministream.shardset import HEADER_MODEL_HASH
 from ministream_testkit.s3_server import S3Server
 from ministream_testkit.vllm_server import VLLMServer
 from ministream_testkit.waiting import wait_until
-from tests.loading.conftest import BUCKET, run_cli
+from tests.loading.conftest import BUCKET, upload_to
 from tests.loading.helpers import BASE_ARGS, START_TIMEOUT, expect_start_failure
 
 # Session fixtures (uploads, shard runs, the TP=1 baseline) count toward the first test's
@@ -61,8 +61,7 @@ def test_missing_prefix(model_url: str, s3_env: dict[str, str], tmp_path: Path) 
 def test_object_deleted_from_the_middle(
     model_dir: Path, s3: S3Server, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
-    url = f"s3://{BUCKET}/holey"
-    run_cli("upload", str(model_dir), url, "--quiet", env=s3_env)
+    url = upload_to(s3, model_dir, "holey")
     s3.client().delete_object(Bucket=BUCKET, Key="holey/model-00002-of-00003.safetensors")
     log = expect_start_failure(url, tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI)
     assert f"{url} is incomplete: missing model-00002-of-00003.safetensors" in log
@@ -78,8 +77,7 @@ def test_interrupted_upload_is_not_served(
     it would load. Earlier cut-offs lack config.json too (uploaded just before the manifest;
     test_upload.py kills a real upload and checks that), which vLLM refuses by itself.
     """
-    url = f"s3://{BUCKET}/half"
-    run_cli("upload", str(model_dir), url, "--quiet", env=s3_env)
+    url = upload_to(s3, model_dir, "half")
     s3.client().delete_object(Bucket=BUCKET, Key=f"half/{MANIFEST_NAME}")
     log = expect_start_failure(url, tmp_path / "vllm.log", env=s3_env, extra_args=RUNAI)
     assert f"{url} has no {MANIFEST_NAME}: the upload did not finish" in log
@@ -92,8 +90,7 @@ def test_s3_server_stopped_during_load(model_dir: Path, tmp_path: Path) -> None:
     try:
         store.client().create_bucket(Bucket=BUCKET)
         env = {**store.env(), "VLLM_ASSETS_CACHE": str(tmp_path / "assets")}
-        url = f"s3://{BUCKET}/tiny"
-        run_cli("upload", str(model_dir), url, "--quiet", env=env)
+        url = upload_to(store, model_dir, "tiny")
         server = VLLMServer(
             model=url, log_path=tmp_path / "vllm.log", args=[*BASE_ARGS, *RUNAI], env=env
         ).start()

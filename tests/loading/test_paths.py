@@ -1,8 +1,10 @@
-"""The four loading paths of docs/loading.md serve the same greedy tokens as the local TP=1 load.
+"""The loading paths of docs/loading.md serve the same greedy tokens as the local TP=1 load.
 
 One real vLLM server per path (CPU build, float32, eager), queried over the OpenAI API; the
-local TP=1 load is the session's shared server (tests/conftest.py). Sharded loads also prove
-that each rank reads only its own shard:
+local TP=1 load is the session's shared server (tests/conftest.py). The fourth path,
+`runai_streamer` from S3, is served in test_s3_workload_identity.py with the chart's env and
+loader flags and role credentials, against the same reference tokens. Sharded loads also
+prove that each rank reads only its own shard:
 - local `sharded_state`: /proc/<worker pid>/io read_bytes (shard files evicted from the page
   cache first) shows each worker fetched its own shard from storage, and, as root, fanotify
   names the process behind every open of a shard file (see tests/loading/helpers.py);
@@ -41,24 +43,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.timeout(7200)
 def test_local_tp1_matches_the_reference_model(baseline: Served, model_dir: Path) -> None:
     expected = reference_completions(model_dir, PROMPTS, 16)
     assert_same_tokens(expected, baseline.completions)
-
-
-def test_runai_streamer_from_s3(
-    baseline: Served, model_url: str, s3_env: dict[str, str], tmp_path: Path
-) -> None:
-    served = serve(
-        model_url,
-        tmp_path / "vllm.log",
-        env=s3_env,
-        extra_args=[
-            "--load-format",
-            "runai_streamer",
-            "--model-loader-extra-config",
-            json.dumps({"concurrency": 4, "memory_limit": 256 * 2**20}),
-        ],
-    )
-    assert "runai" in served.log.lower()
-    assert_same_tokens(baseline.completions, served.completions)
 
 
 @dataclass

@@ -22,7 +22,8 @@ from safetensors import safe_open
 from ministream.manifest import Manifest
 from ministream.shardset import SHARDS_META_NAME
 from ministream_reference.golden import Completion, compare, load, reference_completions
-from tests.loading.conftest import BUCKET, run_cli, shard
+from ministream_testkit.s3_server import S3Server
+from tests.loading.conftest import shard, upload_to
 from tests.loading.helpers import ATOL, PROMPTS
 from tests.support.golden_runs import MAX_TOKENS, run_golden
 
@@ -79,14 +80,17 @@ def test_a_tp2_pp2_shard_set_holds_each_stage_once(shards_tp2_pp2: Path, model_d
 
 
 def test_a_tp2_pp2_shard_set_serves_the_same_from_s3(
-    shards_tp2_pp2: Path, expected: list[Completion], s3_env: dict[str, str], tmp_path: Path
+    shards_tp2_pp2: Path,
+    expected: list[Completion],
+    s3: S3Server,
+    s3_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     """Uploaded with `ministream upload`, streamed by `runai_streamer_sharded` (the S3 glob of
     each rank's `*model-pp-{s}-tp-{r}-part-*` names). The local `sharded_state` read of the
     same names ran in `ministream shard` itself: each rank reads its files back through vLLM's
     ShardedStateLoader and compares every tensor."""
-    url = f"s3://{BUCKET}/tiny-tp2-pp2"
-    run_cli("upload", str(shards_tp2_pp2), url, "--quiet", env=s3_env)
+    url = upload_to(s3, shards_tp2_pp2, "tiny-tp2-pp2")
     out = tmp_path / "sharded-tp2-pp2.json"
     run_golden(url, out, tp=2, pp=2, load_format="runai_streamer_sharded", env=s3_env)
     assert compare(expected, load(out), atol=ATOL) == []

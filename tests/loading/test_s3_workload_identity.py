@@ -155,8 +155,8 @@ def identity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServe
 
 
 @pytest.fixture(scope="module")
-def chart_env(identity: IdentityServer) -> dict[str, str]:
-    """The vLLM container's plain environment, as the chart renders it without a key Secret."""
+def vllm_container(identity: IdentityServer) -> dict[str, Any]:
+    """The vLLM container as the chart renders it in `runaiStreamer` mode without a key Secret."""
     sets = [
         "apiKey.enabled=false",
         "loading.mode=runaiStreamer",
@@ -170,7 +170,24 @@ def chart_env(identity: IdentityServer) -> dict[str, str]:
     (vllm,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"
     ]
-    return {e["name"]: e["value"] for e in vllm["env"] if "value" in e}
+    return vllm
+
+
+@pytest.fixture(scope="module")
+def chart_env(vllm_container: dict[str, Any]) -> dict[str, str]:
+    """The vLLM container's plain environment (no key Secret)."""
+    return {e["name"]: e["value"] for e in vllm_container["env"] if "value" in e}
+
+
+LOADER_FLAGS = ("--load-format", "--model-loader-extra-config")
+
+
+def chart_loader_args(vllm_container: dict[str, Any]) -> list[str]:
+    """The loader flags the chart passes to vLLM (the load format and the streamer's
+    concurrency and memory limit), each with its value."""
+    args = [str(a) for a in vllm_container["args"]]
+    picked = [[flag, args[args.index(flag) + 1]] for flag in LOADER_FLAGS]
+    return [item for pair in picked for item in pair]
 
 
 def test_chart_renders_no_keys_and_keeps_instance_metadata(chart_env: dict[str, str]) -> None:
@@ -224,8 +241,12 @@ def ministream(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
     )
 
 
+def _to_bucket(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in requests if r["path"].startswith(f"/{BUCKET}")]
+
+
 def _s3_requests(server: IdentityServer, since: int) -> list[dict[str, Any]]:
-    return [r for r in server.requests(since) if r["path"].startswith(f"/{BUCKET}")]
+    return _to_bucket(server.requests(since))
 
 
 def _assert_role_session(requests: list[dict[str, Any]]) -> None:
@@ -237,20 +258,38 @@ def _assert_role_session(requests: list[dict[str, Any]]) -> None:
         assert r["session_token"] and r["status"] not in (401, 403) and r["status"] < 500, r
 
 
-def test_upload_and_reads_with_web_identity(
-    identity: IdentityServer, chart_env: dict[str, str], model_dir: Path, tmp_path: Path
-) -> None:
-    env = irsa(chart_env, tmp_path)
-    since = identity.mark()
+@dataclass
+class IrsaUpload:
+    url: str
+    env: dict[str, str]
+    requests: list[dict[str, Any]]  # what the identity server logged during the upload
+
+
+@pytest.fixture(scope="module")
+def irsa_upload(
+    identity: IdentityServer,
+    chart_env: dict[str, str],
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> IrsaUpload:
+    """`ministream upload` with IRSA, once: its requests are checked, its objects streamed."""
     url = f"s3://{BUCKET}/wi/tiny"
+    env = irsa(chart_env, tmp_path_factory.mktemp("uploader"))
+    since = identity.mark()
     up = ministream("upload", str(model_dir), url, "--quiet", env=env)
     assert up.returncode == 0, up.stderr
-    log = identity.requests(since)
+    return IrsaUpload(url, env, identity.requests(since))
+
+
+def test_upload_and_reads_with_web_identity(
+    identity: IdentityServer, irsa_upload: IrsaUpload, model_dir: Path
+) -> None:
+    log = irsa_upload.requests
     assert [r["status"] for r in log if r["action"] == "AssumeRoleWithWebIdentity"] == [200]
-    _assert_role_session(_s3_requests(identity, since))
+    _assert_role_session(_to_bucket(log))
     # Again: it reads the remote manifest and objects back, finds them complete, writes nothing.
     since = identity.mark()
-    again = ministream("upload", str(model_dir), url, "--quiet", env=env)
+    again = ministream("upload", str(model_dir), irsa_upload.url, "--quiet", env=irsa_upload.env)
     assert again.returncode == 0, again.stderr
     reads = _s3_requests(identity, since)
     _assert_role_session(reads)
@@ -276,17 +315,8 @@ def test_a_wrong_token_gets_no_credentials(
 
 
 @pytest.fixture(scope="module")
-def uploaded(
-    identity: IdentityServer,
-    chart_env: dict[str, str],
-    model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> str:
-    url = f"s3://{BUCKET}/wi/streamed"
-    env = irsa(chart_env, tmp_path_factory.mktemp("uploader"))
-    up = ministream("upload", str(model_dir), url, "--quiet", env=env)
-    assert up.returncode == 0, up.stderr
-    return url
+def uploaded(irsa_upload: IrsaUpload) -> str:
+    return irsa_upload.url
 
 
 # Streams the files named on its command line; prints {tensor name: sha256 of its bytes}.
@@ -407,6 +437,7 @@ def test_pod_identity_container_credentials(
 @pytest.mark.timeout(3600)
 def test_vllm_serves_from_s3_with_web_identity(
     identity: IdentityServer,
+    vllm_container: dict[str, Any],
     chart_env: dict[str, str],
     uploaded: str,
     model_dir: Path,
@@ -414,8 +445,14 @@ def test_vllm_serves_from_s3_with_web_identity(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The whole path: vLLM's runai_streamer loader (listing and config pulls by boto3,
-    weights by the C++ reader) with the chart's env and IRSA, and the greedy tokens of the
-    reference model."""
+    weights by the C++ reader) with the chart's env, loader flags (the streamer's concurrency
+    and memory limit through --model-loader-extra-config) and IRSA, and the greedy tokens of
+    the reference model.
+
+    This is also docs/loading.md's `runai_streamer` path from S3, the one of its paths that
+    test_paths.py does not serve: the local TP=1 load gives these reference tokens too
+    (test_paths.py::test_local_tp1_matches_the_reference_model), and the C++ reader signing
+    with a static key is served there (test_runai_streamer_sharded_tp2_from_s3)."""
     for key in list(os.environ):
         if key.startswith(("AWS_", "RUNAI_STREAMER_")):
             monkeypatch.delenv(key)  # the server inherits this process's environment
@@ -427,7 +464,8 @@ def test_vllm_serves_from_s3_with_web_identity(
     env["VLLM_ASSETS_CACHE"] = str(tmp_path / "assets")
     since = identity.mark()
     served = serve(
-        uploaded, tmp_path / "vllm.log", env=env, extra_args=["--load-format", "runai_streamer"]
+        uploaded, tmp_path / "vllm.log", env=env, extra_args=chart_loader_args(vllm_container)
     )
+    assert "runai" in served.log.lower()
     assert_same_tokens(reference_completions(model_dir, PROMPTS, 16), served.completions)
     _assert_role_session([r for r in _s3_requests(identity, since) if r["method"] == "GET"])
