@@ -2,7 +2,8 @@
 MiniStream plugin: both servers start, SIGTERM drains then stops both, exit status 0;
 a vLLM that dies makes the launcher exit non-zero, its last line vLLM's reason; and on a
 machine where vLLM's own default memory share would refuse to start, the launcher's KV-cache
-size (ministream_sidecar.cpu_memory) starts it."""
+size (ministream_sidecar.cpu_memory) starts it. The last two tests ask their questions of one
+launcher started that way (`served`): one engine start for both."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,33 +188,226 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.engine
-@pytest.mark.network
-def test_up_serves_drains_on_sigterm_and_exits_cleanly(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    port, sidecar_port = free_port(), free_port()
+@pytest.mark.engine  # vLLM starts, then fails on the model
+@pytest.mark.network  # the sidecar listens on loopback meanwhile
+def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
+    # Passes the launcher's own checks (a directory with a config.json); vLLM then fails on
+    # a config without the model's fields and no weights.
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "ministream"}')
     proc, log = launch(
         [
             "--model",
-            str(tiny_model_dir),
+            str(model),
             "--port",
-            str(port),
+            str(free_port()),
             "--sidecar-port",
-            str(sidecar_port),
+            str(free_port()),
             "--",
             *VLLM_ARGS,
         ],
         tmp_path,
     )
-    sidecar = f"http://127.0.0.1:{sidecar_port}"
+    output = failed_output(proc, log)
+    assert "vLLM exited with status" in output
+    assert gone(pid_of(log, "sidecar"))
+    # The last line is vLLM's own reason (an exception line from its output), not a status.
+    last = last_line(output)
+    assert re.match(r"ministream up: vLLM exited with status \d+: \w+(Error|Exception): ", last), (
+        last
+    )
+
+
+def failed_output(proc: subprocess.Popen[str], log: Path) -> str:
+    """The output of a launch that must exit non-zero by itself (within 300 s)."""
+    try:
+        status = proc.wait(300)
+    finally:
+        stop_everything(proc, log)
+    output = log.read_text()
+    assert status != 0, output
+    return output
+
+
+def last_line(output: str) -> str:
+    return output.rstrip().splitlines()[-1]
+
+
+# --- vLLM's own memory check, and one launcher serving beside it ---------------------------
+# Without a KV-cache size, vLLM 0.32's CPU worker reserves --gpu-memory-utilization (0.92) of
+# its memory node and refuses to start unless that much is available (cpu_worker.py). The
+# fixtures below put the machine into that state, the one `ministream up` failed in, by holding
+# anonymous memory (which vLLM cannot count as available, unlike the page cache) until vLLM's
+# own numbers say it would refuse, with a margin for memory other processes free meanwhile.
+_REFUSING_SHARE = 0.80  # available below this share of the total: 0.92 refuses with room
+_HOLD_STEP = 256 << 20
+_KEEP_AVAILABLE = 6 * GiB  # MemAvailable left to the engine and the machine's other users
+
+
+def vllm_memory() -> tuple[int, int]:
+    """(total, available) of the node vLLM's CPU worker binds to, by vLLM's own functions."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+    return info.total_memory, info.available_memory
+
+
+def vllm_default_refuses(total: int, available: int) -> bool:
+    """cpu_worker.py's startup check at its default share."""
+    return math.ceil(total * 0.92) > available
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+class MemoryHold:
+    """Anonymous memory this process holds, topped up on each call until vLLM's default share
+    would refuse: other processes free memory meanwhile, so each launch asks again."""
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []
+
+    def until_vllm_refuses(self) -> dict[str, float]:
+        """Hold more until vLLM's default would refuse; the figures (GiB) it saw. Raises
+        MemoryUnsafe where that would leave the machine less than _KEEP_AVAILABLE."""
+        total, available = vllm_memory()
+        figures = {"node_total": total / GiB, "node_available": available / GiB}
+        while available >= _REFUSING_SHARE * total:
+            if _mem_available() - _HOLD_STEP < _KEEP_AVAILABLE:
+                raise MemoryUnsafe(f"{figures}, held {len(self.held)} steps")
+            self.held.append(b"\1" * _HOLD_STEP)  # written: resident, not reclaimable
+            total, available = vllm_memory()
+        figures |= {
+            "held": len(self.held) * _HOLD_STEP / GiB,
+            "node_total_then": total / GiB,
+            "node_available_then": available / GiB,
+            "vllm_default_requests": math.ceil(total * 0.92) / GiB,
+            "kv_cache_rule": cpu_memory.default_gib(cpu_memory.MemoryView.read().available),
+        }
+        print("memory (GiB):", {k: round(v, 2) for k, v in figures.items()})
+        assert vllm_default_refuses(total, available), figures  # the state ministream up failed in
+        return figures
+
+
+class MemoryUnsafe(Exception):
+    """Not enough memory on this machine to hold vLLM's default into refusing, safely."""
+
+
+@pytest.fixture(scope="module")
+def memory_hold() -> Iterator[MemoryHold]:
+    """One hold for the module's launches under memory pressure, released after the last."""
+    hold = MemoryHold()
+    try:
+        yield hold
+    finally:
+        hold.held.clear()
+
+
+@pytest.fixture
+def vllm_default_would_refuse(memory_hold: MemoryHold) -> dict[str, float]:
+    """Memory held until vLLM's default share would refuse; the figures (GiB) it saw."""
+    try:
+        return memory_hold.until_vllm_refuses()
+    except MemoryUnsafe as unsafe:
+        pytest.skip(f"cannot take enough memory safely: {unsafe}")
+
+
+def up_args(model: Path, *vllm_args: str, ports: tuple[int, int] | None = None) -> list[str]:
+    port, sidecar_port = ports or (free_port(), free_port())
+    return ["--model", str(model), "--port", str(port), "--sidecar-port", str(sidecar_port),
+            "--", *VLLM_ARGS, *vllm_args]  # fmt: skip
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_up_ends_with_vllms_reason_and_what_to_set_when_it_refuses_for_memory(
+    tiny_model_dir: Path, tmp_path: Path, vllm_default_would_refuse: dict[str, float]
+) -> None:
+    # vLLM's own default, asked for explicitly: the user's flag wins over the launcher's size,
+    # so this is `ministream up` as it was before it sized the cache.
+    args = up_args(tiny_model_dir, "--gpu-memory-utilization", "0.92")
+    proc, log = launch(args, tmp_path, size_kv_cache=True)
+    output = failed_output(proc, log)
+    assert "ministream up: KV cache" not in output  # the size is left to the user's flag
+    last = last_line(output)
+    assert last.startswith("ministream up: vLLM exited with status 1: ValueError: Available "), last
+    assert "is less than desired CPU memory utilization (0.92, " in last, last
+    what_to_set = r"set VLLM_CPU_KVCACHE_SPACE=\d+ .* `-- --gpu-memory-utilization 0\.\d\d`"
+    assert re.search(what_to_set, last), last
+
+
+@dataclass
+class Served:
+    """A `ministream up` that is ready; the memory figures it started under, or None where
+    memory could not be held (then it runs on the tests' small KV cache)."""
+
+    proc: subprocess.Popen[str]
+    log: Path
+    port: int
+    sidecar_port: int
+    memory: dict[str, float] | None
+
+    @property
+    def sidecar(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar_port}"
+
+
+@pytest.fixture(scope="module")
+def served(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, memory_hold: MemoryHold
+) -> Iterator[Served]:
+    """One launcher for the last two tests (one engine start for both): started where vLLM's
+    default share would refuse and left to size the KV cache, which the first of them checks;
+    the last serves through it, drains it on SIGTERM and sees it exit."""
+    try:
+        memory: dict[str, float] | None = memory_hold.until_vllm_refuses()
+    except MemoryUnsafe as unsafe:
+        print(f"cannot take enough memory safely ({unsafe}): the tests' KV cache instead")
+        memory = None
+    ports = free_port(), free_port()
+    args = up_args(tiny_model_dir, ports=ports)
+    proc, log = launch(args, tmp_path_factory.mktemp("served"), size_kv_cache=memory is not None)
+    up = Served(proc, log, *ports, memory)
     try:
 
         def ready() -> bool:
             assert proc.poll() is None, log.read_text()
-            return answers(f"{sidecar}/readyz")
+            return answers(f"{up.sidecar}/readyz")
 
         wait_until(ready, 600, 0.5, what="ready through the launcher")
+        yield up
+    finally:
+        stop_everything(proc, log)
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_up_sizes_the_kv_cache_and_starts_where_vllms_default_refuses(served: Served) -> None:
+    if served.memory is None:
+        pytest.skip("cannot take enough memory safely: the launcher runs on a fixed KV cache")
+    wait_until(lambda: "ready after" in served.log.read_text(), 10, what="ready announced")
+    output = served.log.read_text()
+    gib = int(served.memory["kv_cache_rule"])
+    sized = re.search(r"ministream up: KV cache (\d+) GiB \(VLLM_CPU_KVCACHE_SPACE; ", output)
+    assert sized and abs(int(sized.group(1)) - gib) <= 1, output  # memory moves meanwhile
+    took = re.search(r"Explicitly set \((\d+)\.0+/[\d.]+\) GiB for KV cache", output)
+    assert took and took.group(1) == sized.group(1), output  # vLLM took that size
+    assert vllm_default_refuses(*vllm_memory())  # and its default still would not start
+    # SIGTERM, then exit status 0: the next test, on the same launcher.
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_up_serves_drains_on_sigterm_and_exits_cleanly(served: Served, tmp_path: Path) -> None:
+    """The last test on `served`: it stops the launcher."""
+    proc, log, port, sidecar = served.proc, served.log, served.port, served.sidecar
+    assert proc.poll() is None, log.read_text()
+    try:
         vllm_pid, sidecar_pid = pid_of(log, "vLLM"), pid_of(log, "sidecar")
         text = httpx.get(f"{sidecar}/metrics", timeout=5).text
         phases = {
@@ -286,157 +481,5 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(
         assert gone(vllm_pid) and gone(sidecar_pid)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{sidecar}/livez", timeout=2)
-    finally:
-        stop_everything(proc, log)
-
-
-@pytest.mark.engine  # vLLM starts, then fails on the model
-@pytest.mark.network  # the sidecar listens on loopback meanwhile
-def test_up_exits_non_zero_when_vllm_dies(tmp_path: Path) -> None:
-    # Passes the launcher's own checks (a directory with a config.json); vLLM then fails on
-    # a config without the model's fields and no weights.
-    model = tmp_path / "broken-model"
-    model.mkdir()
-    (model / "config.json").write_text('{"model_type": "ministream"}')
-    proc, log = launch(
-        [
-            "--model",
-            str(model),
-            "--port",
-            str(free_port()),
-            "--sidecar-port",
-            str(free_port()),
-            "--",
-            *VLLM_ARGS,
-        ],
-        tmp_path,
-    )
-    output = failed_output(proc, log)
-    assert "vLLM exited with status" in output
-    assert gone(pid_of(log, "sidecar"))
-    # The last line is vLLM's own reason (an exception line from its output), not a status.
-    last = last_line(output)
-    assert re.match(r"ministream up: vLLM exited with status \d+: \w+(Error|Exception): ", last), (
-        last
-    )
-
-
-def failed_output(proc: subprocess.Popen[str], log: Path) -> str:
-    """The output of a launch that must exit non-zero by itself (within 300 s)."""
-    try:
-        status = proc.wait(300)
-    finally:
-        stop_everything(proc, log)
-    output = log.read_text()
-    assert status != 0, output
-    return output
-
-
-def last_line(output: str) -> str:
-    return output.rstrip().splitlines()[-1]
-
-
-# --- vLLM's own memory check -----------------------------------------------------------------
-# Without a KV-cache size, vLLM 0.32's CPU worker reserves --gpu-memory-utilization (0.92) of
-# its memory node and refuses to start unless that much is available (cpu_worker.py). The
-# fixture below puts the machine into that state, the one `ministream up` failed in, by holding
-# anonymous memory (which vLLM cannot count as available, unlike the page cache) until vLLM's
-# own numbers say it would refuse, with a margin for memory other processes free meanwhile.
-_REFUSING_SHARE = 0.80  # available below this share of the total: 0.92 refuses with room
-_HOLD_STEP = 256 << 20
-_KEEP_AVAILABLE = 6 * GiB  # MemAvailable left to the engine and the machine's other users
-
-
-def vllm_memory() -> tuple[int, int]:
-    """(total, available) of the node vLLM's CPU worker binds to, by vLLM's own functions."""
-    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
-
-    info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
-    return info.total_memory, info.available_memory
-
-
-def vllm_default_refuses(total: int, available: int) -> bool:
-    """cpu_worker.py's startup check at its default share."""
-    return math.ceil(total * 0.92) > available
-
-
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no MemAvailable in /proc/meminfo")
-
-
-@pytest.fixture
-def vllm_default_would_refuse() -> Iterator[dict[str, float]]:
-    """Memory held until vLLM's default share would refuse; the figures (GiB) it saw."""
-    held: list[bytes] = []
-    total, available = vllm_memory()
-    figures = {"node_total": total / GiB, "node_available": available / GiB}
-    while available >= _REFUSING_SHARE * total:
-        if _mem_available() - _HOLD_STEP < _KEEP_AVAILABLE:
-            pytest.skip(f"cannot take enough memory safely: {figures}, held {len(held)} steps")
-        held.append(b"\1" * _HOLD_STEP)  # written: resident, not reclaimable
-        total, available = vllm_memory()
-    figures |= {
-        "held": len(held) * _HOLD_STEP / GiB,
-        "node_total_then": total / GiB,
-        "node_available_then": available / GiB,
-        "vllm_default_requests": math.ceil(total * 0.92) / GiB,
-        "kv_cache_rule": cpu_memory.default_gib(cpu_memory.MemoryView.read().available),
-    }
-    print("memory (GiB):", {k: round(v, 2) for k, v in figures.items()})
-    assert vllm_default_refuses(total, available), figures  # the state ministream up failed in
-    try:
-        yield figures
-    finally:
-        held.clear()
-
-
-def up_args(model: Path, *vllm_args: str) -> list[str]:
-    ports = ["--port", str(free_port()), "--sidecar-port", str(free_port())]
-    return ["--model", str(model), *ports, "--", *VLLM_ARGS, *vllm_args]
-
-
-@pytest.mark.engine
-@pytest.mark.network
-def test_up_ends_with_vllms_reason_and_what_to_set_when_it_refuses_for_memory(
-    tiny_model_dir: Path, tmp_path: Path, vllm_default_would_refuse: dict[str, float]
-) -> None:
-    # vLLM's own default, asked for explicitly: the user's flag wins over the launcher's size,
-    # so this is `ministream up` as it was before it sized the cache.
-    args = up_args(tiny_model_dir, "--gpu-memory-utilization", "0.92")
-    proc, log = launch(args, tmp_path, size_kv_cache=True)
-    output = failed_output(proc, log)
-    assert "ministream up: KV cache" not in output  # the size is left to the user's flag
-    last = last_line(output)
-    assert last.startswith("ministream up: vLLM exited with status 1: ValueError: Available "), last
-    assert "is less than desired CPU memory utilization (0.92, " in last, last
-    what_to_set = r"set VLLM_CPU_KVCACHE_SPACE=\d+ .* `-- --gpu-memory-utilization 0\.\d\d`"
-    assert re.search(what_to_set, last), last
-
-
-@pytest.mark.engine
-@pytest.mark.network
-def test_up_sizes_the_kv_cache_and_starts_where_vllms_default_refuses(
-    tiny_model_dir: Path, tmp_path: Path, vllm_default_would_refuse: dict[str, float]
-) -> None:
-    proc, log = launch(up_args(tiny_model_dir), tmp_path, size_kv_cache=True)
-    try:
-        wait_until(
-            lambda: proc.poll() is None and "ready after" in log.read_text(),
-            600,
-            0.5,
-            what="ready through the launcher",
-        )
-        output = log.read_text()
-        gib = int(vllm_default_would_refuse["kv_cache_rule"])
-        sized = re.search(r"ministream up: KV cache (\d+) GiB \(VLLM_CPU_KVCACHE_SPACE; ", output)
-        assert sized and abs(int(sized.group(1)) - gib) <= 1, output  # memory moves meanwhile
-        took = re.search(r"Explicitly set \((\d+)\.0+/[\d.]+\) GiB for KV cache", output)
-        assert took and took.group(1) == sized.group(1), output  # vLLM took that size
-        assert vllm_default_refuses(*vllm_memory())  # and its default still would not start
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(DEFAULT_SHUTDOWN_TIMEOUT + 60) == 0, log.read_text()
     finally:
         stop_everything(proc, log)
