@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ministream_sidecar.engine_client import LOAD_TRACKING_FLAG
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer
 from tests.support import workers
 from tests.support.models import ModelFactory
@@ -89,7 +90,9 @@ def vllm_server(
         model=str(tiny_model_dir),
         served_name=TINY_SERVED_NAME,
         log_path=tmp_path_factory.mktemp("logs") / "vllm-shared.log",
-        args=[*TINY_ENGINE_ARGS, "--shutdown-timeout", "30"],
+        # As the chart runs vLLM: GET /load counts what its HTTP server holds, which the
+        # sidecar's drain waits for.
+        args=[*TINY_ENGINE_ARGS, "--shutdown-timeout", "30", LOAD_TRACKING_FLAG],
     )
     with server.running():
         yield server
