@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ministream.startup_log import ENV as STARTUP_LOG_ENV
 from ministream_sidecar import cpu_memory
-from ministream_sidecar.engine_client import RequestCounts, parse_request_counts
+from ministream_sidecar.engine_client import LOAD_PATH, RequestCounts, parse_request_counts
 from ministream_testkit.local_server import LocalServer
 from ministream_testkit.net import answers
 from ministream_testkit.processes import stop_group
@@ -59,6 +59,14 @@ def request_counts(url: str) -> RequestCounts:
     """Running and waiting requests of the vLLM server at `url`, read as the sidecar's drain
     reads them (ministream_sidecar.engine_client.parse_request_counts)."""
     return parse_request_counts(metrics_text(url))
+
+
+def server_load(url: str) -> int:
+    """The requests vLLM's HTTP server holds (GET /load; a server started with
+    `--enable-server-load-tracking`), which the sidecar's drain counts beside the gauges."""
+    response = httpx.get(f"{url}{LOAD_PATH}", timeout=30)
+    response.raise_for_status()
+    return int(response.json()["server_load"])
 
 
 def engine_core(server: VLLMServer) -> psutil.Process:

@@ -24,6 +24,7 @@ from ministream_testkit.vllm_server import (
     engine_core,
     metrics_text,
     request_counts,
+    server_load,
     sum_samples,
 )
 from ministream_testkit.waiting import wait_until
@@ -97,29 +98,24 @@ def _load(vllm: Any, per_thread: int, concurrency: int) -> int:
     return sum(sent)
 
 
-def _wait_running(url: str, timeout: float = 60) -> None:
-    """Until vLLM's own gauge shows a running request (what the drain polls, too)."""
-    wait_until(
-        lambda: request_counts(url).running > 0, timeout, 0.05, what="a request running in vLLM"
-    )
+def _wait_in_flight(url: str, timeout: float = 60) -> None:
+    """Until vLLM's HTTP server holds a request (GET /load, which the drain counts too). Not
+    the engine gauges: under load on two cores they read 0 running for a minute in CI."""
+    wait_until(lambda: server_load(url) > 0, timeout, 0.05, what="a request in flight in vLLM")
 
 
-def _stopped_while_running(vllm: Any, tries: int = 5) -> Any:
-    """The engine core, stopped (SIGSTOP) while vLLM's gauge, read after the stop, shows a
-    request running: the gauge then stays so until the core is resumed."""
+def _stopped_while_busy(vllm: Any) -> Any:
+    """The engine core, stopped (SIGSTOP) while the load keeps sending: no request can finish
+    until it is resumed, so GET /load stays above 0 (checked after the stop)."""
     core = engine_core(vllm)
-    for _ in range(tries):
-        _wait_running(vllm.url)
-        core.suspend()
-        try:
-            running = request_counts(vllm.url).running
-        except BaseException:
-            core.resume()
-            raise
-        if running > 0:
-            return core
+    _wait_in_flight(vllm.url)
+    core.suspend()
+    try:
+        _wait_in_flight(vllm.url)
+    except BaseException:
         core.resume()
-    raise AssertionError(f"vLLM's gauge never showed a request running at a stop ({tries} tries)")
+        raise
+    return core
 
 
 def _counter(url: str, name: str) -> float:
@@ -159,12 +155,12 @@ def live(
     # An idle drain (vLLM has nothing in flight), then one that times out under long requests.
     r = sidecar_process.post("/drain")
     assert r.status_code == 200 and r.json()["outcome"] == "idle", r.text
-    # Plain (not streamed) long completions, and the engine core stopped (SIGSTOP) once vLLM's
-    # gauge shows one running: the gauge keeps what the engine core last published, so every
-    # poll of the drain sees a request running and it times out by construction. (Under load
-    # alone, two of the drain's polls could both read 0 on two cores: CI runs ended "idle".)
+    # Plain (not streamed) long completions, and the engine core stopped (SIGSTOP) while vLLM's
+    # HTTP server holds them: every poll of the drain sees a request in flight (GET /load) and
+    # it times out by construction. (Under load alone, two of the drain's polls could both read
+    # 0 on two cores: CI runs ended "idle".)
     with BusyEngine(vllm_server, threads=4, stream=False):
-        core = _stopped_while_running(vllm_server)
+        core = _stopped_while_busy(vllm_server)
         try:
             r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
         finally:
