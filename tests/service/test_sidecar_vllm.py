@@ -16,7 +16,8 @@ import httpx
 import pytest
 from sidecarkit import FAST_WARMUP, SidecarFactory, sample
 
-from ministream_sidecar.engine_client import LOAD_PATH, parse_request_counts
+from ministream_sidecar.engine_client import parse_request_counts
+from ministream_testkit.vllm_server import server_load
 from ministream_testkit.waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
@@ -198,7 +199,7 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
                 # vLLM's HTTP server's own count (GET /load), which the drain also waits for.
                 # Not the engine gauges: under four streams on two cores, reading /metrics took
                 # seconds and read 0 running for a whole minute once (a CI run).
-                return int((await vllm.get(LOAD_PATH)).json()["server_load"])
+                return await asyncio.to_thread(server_load, vllm_server.url)
 
             async def unready() -> httpx.Response | None:
                 response = await side.get("/readyz")
