@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,28 +108,82 @@ def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 60) -> 
         return json.loads(resp.read() or b"null") if body is not None else resp.status
 
 
+def _completion(base: str, model: str, i: int, prompt_tokens: int, max_tokens: int) -> float:
+    """One greedy completion of exactly `max_tokens` tokens for an exact token-id prompt
+    (ministream_sidecar.warmup.prompt_token_ids: ids 1..97, the first token varies with
+    `i`); its latency in seconds."""
+    prompt = [1 + (i * 31 + j * 7) % 97 for j in range(prompt_tokens)]
+    t0 = time.perf_counter()
+    _http(
+        f"{base}/v1/completions",
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        },
+    )
+    return time.perf_counter() - t0
+
+
 def warmup(base: str, model: str, settings: dict[str, int]) -> dict[str, Any]:
     """The sidecar's warmup: N completions of exact token-id prompts, C at a time."""
 
     def one(i: int) -> float:
-        # ministream_sidecar.warmup.prompt_token_ids: ids 1..97, first token varies.
-        prompt = [1 + (i * 31 + j * 7) % 97 for j in range(settings["prompt_tokens"])]
-        t0 = time.perf_counter()
-        _http(
-            f"{base}/v1/completions",
-            {
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": settings["max_tokens"],
-                "temperature": 0.0,
-                "ignore_eos": True,
-            },
-        )
-        return time.perf_counter() - t0
+        return _completion(base, model, i, settings["prompt_tokens"], settings["max_tokens"])
 
     with ThreadPoolExecutor(settings["concurrency"]) as pool:
         latencies = list(pool.map(one, range(settings["requests"])))
     return {"settings": settings, "latencies_s": latencies}
+
+
+@dataclass(frozen=True)
+class DecodeProbe:
+    """`--decode-probe BATCH:PROMPT:OUT`: after Ready, BATCH concurrent completions of
+    PROMPT token ids in and OUT tokens out, `reps` times; output tokens per second of
+    wall time per rep. Decode speed of the engine that just started, so a start-time
+    lever is seen with what it does to serving (each start is a fresh engine instance)."""
+
+    batch: int
+    prompt_tokens: int
+    max_tokens: int
+    reps: int = 3
+
+    @classmethod
+    def parse(cls, text: str) -> DecodeProbe:
+        try:
+            batch, prompt, out = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--decode-probe {text!r}: want BATCH:PROMPT_TOKENS:MAX_TOKENS, e.g. 64:128:128"
+            ) from None
+        if min(batch, prompt, out) < 1:
+            raise argparse.ArgumentTypeError(f"--decode-probe {text!r}: each part must be >= 1")
+        return cls(batch, prompt, out)
+
+    def run(self, base: str, model: str) -> dict[str, Any]:
+        walls = []
+        with ThreadPoolExecutor(self.batch) as pool:
+            for rep in range(self.reps):
+                first = rep * self.batch
+                t0 = time.perf_counter()
+                list(
+                    pool.map(
+                        lambda i: _completion(base, model, i, self.prompt_tokens, self.max_tokens),
+                        range(first, first + self.batch),
+                    )
+                )
+                walls.append(time.perf_counter() - t0)
+        rates = [self.batch * self.max_tokens / w for w in walls]
+        return {
+            "batch": self.batch,
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "wall_s": walls,
+            "tokens_per_s": rates,
+            "median_tokens_per_s": statistics.median(rates),
+        }
 
 
 @dataclass
@@ -211,6 +266,8 @@ def _time_to_ready(
             settings = json.loads(Path(args.chart_defaults).read_text())["warmup"]
             result["warmup"] = warmup(server.url, server.served_name, settings)
         ready = time.time() - t0
+        if args.decode_probe is not None:  # after Ready: not part of the start
+            result["decode_probe"] = args.decode_probe.run(server.url, server.served_name)
         result["ok"] = True
     except (Exception, KeyboardInterrupt) as exc:  # keep the log and what was measured
         # KeyboardInterrupt: an outer `timeout -s INT` ran out (h200.sh); the server is
@@ -392,6 +449,9 @@ def _measure(run: dict[str, Any], what: str) -> float | None:
         return run["events"].get("ready")
     if what == "after_imports":
         return _after_imports(run)
+    if what == "decode_tokens_per_s":
+        probe = run.get("decode_probe")
+        return None if probe is None else float(probe["median_tokens_per_s"])
     return run["phases"].get(what)
 
 
@@ -422,10 +482,14 @@ def pair_difference(rows: list[tuple[str, str, float, float]]) -> dict[str, Any]
     return paired_difference_interval([r[2] for r in rows], [r[3] for r in rows])
 
 
-def fmt_difference(d: dict[str, Any]) -> str:
+def fmt_difference(d: dict[str, Any], unit: str = "s") -> str:
     """`−1.62 s [−2.80, −0.44]`: the mean difference and its 95 % t-interval over pairs."""
     lo, hi = d["ci95"]
-    return f"{d['mean']:+.2f} s [{lo:+.2f}, {hi:+.2f}]".replace("-", "−")
+    return f"{d['mean']:+.2f} {unit} [{lo:+.2f}, {hi:+.2f}]".replace("-", "−")
+
+
+def unit_of(phase: str) -> str:
+    return "tokens/s" if phase == "decode_tokens_per_s" else "s"
 
 
 def pairs(args: argparse.Namespace) -> int:
@@ -438,10 +502,10 @@ def pairs(args: argparse.Namespace) -> int:
     print("|---|---|---:|---:|---:|")
     for na, nb, va, vb in rows:
         print(f"| {na} | {nb} | {va:.1f} | {vb:.1f} | {va - vb:+.1f} |")
-    d = pair_difference(rows)
+    d, unit = pair_difference(rows), unit_of(args.phase)
     print(
-        f"{d['n']} pairs: mean A − B {fmt_difference(d)} (95 % t-interval over pairs), "
-        f"median {d['median']:+.2f} s; A lower in {d['a_lower']} of {d['n']}"
+        f"{d['n']} pairs: mean A − B {fmt_difference(d, unit)} (95 % t-interval over pairs), "
+        f"median {d['median']:+.2f} {unit}; A lower in {d['a_lower']} of {d['n']}"
     )
     return 0
 
@@ -530,6 +594,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="read every file under PATH beside the server",
     )
+    p.add_argument(
+        "--decode-probe",
+        type=DecodeProbe.parse,
+        metavar="BATCH:PROMPT:OUT",
+        help="after Ready, time BATCH concurrent completions (3 rounds): decode tokens/s",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health")
     p.add_argument(
         "--stop-timeout", type=float, default=20, help="seconds after SIGTERM before SIGKILL"
@@ -548,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--a", required=True, help="variant A (e.g. chart-kvb-warm-hide)")
     q.add_argument("--b", required=True, help="variant B (e.g. chart-kvb-warm)")
     q.add_argument(
-        "--phase", default="ready", help="ready, after_imports or a phase (e.g. imports)"
+        "--phase",
+        default="ready",
+        help="ready, after_imports, decode_tokens_per_s (--decode-probe) or a phase (imports)",
     )
     q.set_defaults(func=pairs)
     args = parser.parse_args(argv)

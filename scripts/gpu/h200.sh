@@ -23,7 +23,10 @@
 #     NAME.N repeats NAME;
 #     suffixes: NAME-nopyc (no bytecode at all), NAME-evict (the model's files dropped from
 #     the page cache first), NAME-prefetch (the model and cache root read beside the start),
-#     NAME-hide (the host-only packages hidden), NAME-pyc (a name only, kept for older runs);
+#     NAME-hide (the host-only packages hidden), NAME-mega (VLLM_USE_MEGA_AOT_ARTIFACT=1),
+#     NAME-pyc (a name only, kept for older runs); a repeat's number goes last (NAME-mega.2);
+#     DECODE_PROBE=BATCH:PROMPT:OUT times that many concurrent completions after each start
+#     is Ready (cold_start.py --decode-probe: the started engine's decode tokens/s);
 #     DEADLINE=<epoch s> skips variants that could not finish before it; COLD_LIMIT (s per
 #     run, default 200), COLD_LIMIT_FRESH (s per *-fresh run, default COLD_LIMIT): a
 #     fresh-cache start can take > 95 s.
@@ -146,7 +149,7 @@ step_record() {  # OUT/<step>-<n>/step.json: the step, its settings, start and e
     python3 - "$out/step.json" "$step" "$started" <<'PY'
 import json, os, sys, time
 from ministream_testkit.provenance import stamp
-keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES "
+keys = ("COLD FORK SUFFIX DEADLINE COLD_LIMIT COLD_LIMIT_FRESH KV_BYTES DECODE_PROBE "
         "PRESETS STEPS BYTECODE HIDE_HOST_PACKAGES HIDE_PACKAGES REFERENCE OFFLOAD_KV_GIB OFFLOAD_GIB "
         "OFFLOAD_LIMIT OFFLOAD_ARGS ROUTING_REPLICAS ROUTING_KV_GIB ROUTING_RATE ROUTING_ROUNDS "
         "ROUTING_LIMIT ROUTING_ARGS PARITY_INSTANCES PARITY_LLM_ARGS PARITY_SHAPES "
@@ -281,10 +284,13 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
       # Suffixes, any order: -nopyc (no bytecode: an empty PYTHONPYCACHEPREFIX), -evict (the
       # model's files dropped from the page cache first), -prefetch (a reader of the model
       # and the cache root started with the server), -hide (the host-only packages hidden,
-      # above), -pyc (a name only: after `pyc`).
-      nopyc=0 evict=0 prefetch=0 hide=0
+      # above), -mega (vLLM's VLLM_USE_MEGA_AOT_ARTIFACT=1: the compiled graph loaded as one
+      # artifact; the variable is in vLLM's compile hash, so its cache sits beside the plain
+      # one under the same root), -pyc (a name only: after `pyc`).
+      nopyc=0 evict=0 prefetch=0 hide=0 mega=0
       while :; do
         case $v in
+          *-mega) mega=1; v=${v%-mega} ;;
           *-nopyc) nopyc=1; v=${v%-nopyc} ;;
           *-evict) evict=1; v=${v%-evict} ;;
           *-prefetch) prefetch=1; v=${v%-prefetch} ;;
@@ -355,6 +361,9 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
         *) echo "unknown variant $v"; continue ;;
       esac
       [ "${FORK:-0}" = 1 ] && a+=(--env VLLM_WORKER_MULTIPROC_METHOD=fork)  # any variant, forked
+      [ $mega = 1 ] && a+=(--env VLLM_USE_MEGA_AOT_ARTIFACT=1)
+      # DECODE_PROBE=BATCH:PROMPT:OUT: decode tokens/s of each started engine, after Ready
+      [ -n "${DECODE_PROBE:-}" ] && a+=(--decode-probe "$DECODE_PROBE")
       [ $evict = 1 ] && evict $M/gpu-1b
       if [ $prefetch = 1 ]; then  # the cache root is the last --cache-root given
         for ((k = 0; k < ${#a[@]}; k++)); do [ "${a[k]}" = --cache-root ] && root=${a[k+1]}; done

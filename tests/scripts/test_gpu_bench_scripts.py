@@ -8,11 +8,14 @@ run each script end to end and assert on the structure of what it writes, never 
 
 from __future__ import annotations
 
+import argparse
+import http.server
 import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -180,6 +183,57 @@ def test_cold_start_pairs_matches_repeats_within_a_call(
     assert cold.main(["pairs", *dirs, "--a", "warm-hide", "--b", "warm", "--phase", "imports"]) == 0
     assert "median -1.00 s" in capsys.readouterr().out
     assert cold.main(["pairs", *dirs, "--a", "cold", "--b", "warm"]) == 1  # nothing to pair
+
+
+def test_cold_start_decode_probe_times_batches_and_pairs_in_tokens_per_s(
+    import_script: ScriptImporter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cold = import_script("cold_start")
+    with pytest.raises(argparse.ArgumentTypeError, match="BATCH:PROMPT_TOKENS:MAX_TOKENS"):
+        cold.DecodeProbe.parse("64:128")
+    with pytest.raises(argparse.ArgumentTypeError, match=">= 1"):
+        cold.DecodeProbe.parse("0:128:128")
+    bodies: list[dict] = []
+
+    class Completions(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"choices": []}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe = cold.DecodeProbe.parse("4:16:8")
+        result = probe.run(f"http://127.0.0.1:{server.server_address[1]}", "m")
+    finally:
+        server.shutdown()
+    assert len(bodies) == 3 * 4  # three rounds of the batch
+    assert {len(b["prompt"]) for b in bodies} == {16}
+    assert {(b["max_tokens"], b["ignore_eos"], b["temperature"]) for b in bodies} == {
+        (8, True, 0.0)
+    }
+    assert len({tuple(b["prompt"]) for b in bodies}) > 1  # prompts differ: no prefix-cache hits
+    assert result["tokens_per_s"] == [4 * 8 / w for w in result["wall_s"]]
+    assert result["median_tokens_per_s"] == sorted(result["tokens_per_s"])[1]
+    runs = [
+        _cold_run("warm", 21.0, 10.0) | {"decode_probe": {"median_tokens_per_s": 1000.0}},
+        _cold_run("warm-mega", 17.0, 10.0) | {"decode_probe": {"median_tokens_per_s": 990.0}},
+        _cold_run("warm.2", 22.0, 11.0) | {"decode_probe": {"median_tokens_per_s": 1010.0}},
+        _cold_run("warm-mega.2", 18.0, 10.0) | {"decode_probe": {"median_tokens_per_s": 1012.0}},
+    ]
+    for r in runs:
+        (tmp_path / f"{r['name']}.json").write_text(json.dumps(r))
+    args = ["pairs", str(tmp_path), "--a", "warm-mega", "--b", "warm"]
+    assert cold.main([*args, "--phase", "decode_tokens_per_s"]) == 0
+    out = capsys.readouterr().out
+    assert "2 pairs: mean A − B −4.00 tokens/s [" in out and "median -4.00 tokens/s" in out
+    assert cold.main(args) == 0
+    assert "2 pairs: mean A − B −4.00 s [" in capsys.readouterr().out
 
 
 def test_chart_args_extract_reads_the_vllm_container(import_script: ScriptImporter) -> None:
