@@ -4,17 +4,17 @@ the pod is deleted or stops being Ready, while the request it already sent finis
 router's metrics that the Router dashboard and alerts read (ministream_observability's
 catalog) are the names it really exports.
 
-No Kubernetes API server runs here, so a stand-in serves the one thing the router asks of it
-(a LIST and a WATCH of the namespace's pods) and a stand-in replica answers /health and
-completions; the router, its discovery, its command line and its /workers are the real ones.
-The pod's labels are the rendered serving pod's, the selector the rendered router's.
+No Kubernetes API server runs here, so a stand-in (ministream_testkit.kube_api) serves the one
+thing the router asks of it (a LIST and a WATCH of the namespace's pods) and a stand-in replica
+answers /health and completions; the router, its discovery, its command line and its
+/workers are the real ones. The pod's labels are the rendered serving pod's, the selector the
+rendered router's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -28,6 +28,7 @@ import pytest
 from chartkit import CHART, NAMESPACE, render
 
 from ministream_observability import catalog
+from ministream_testkit.kube_api import StandInKubeApi, StandInPod
 from ministream_testkit.net import free_port
 from ministream_testkit.router import VLLM_ROUTER
 from ministream_testkit.router import routed_workers as workers
@@ -41,67 +42,20 @@ pytestmark = pytest.mark.network
 SLOW_PROMPT = "slow"  # the stand-in replica holds this completion until released
 
 
+POD = "ministream-0"
+
+
 @dataclass
 class Cluster:
-    """The stand-in API server's one pod, and the stand-in replica behind it."""
+    """The stand-in API server with its one pod, and the stand-in replica behind it."""
 
-    labels: dict[str, str]
-    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
-    version: int = 100
+    api: StandInKubeApi
     release: threading.Event = field(default_factory=threading.Event)
     arrived: threading.Event = field(default_factory=threading.Event)
     failing: threading.Event = field(default_factory=threading.Event)  # the replica answers 500
 
-    def pod(self, *, ready: bool, deleting: bool = False) -> dict[str, Any]:
-        self.version += 1
-        meta: dict[str, Any] = {
-            "name": "ministream-0",
-            "namespace": NAMESPACE,
-            "uid": "0",
-            "resourceVersion": str(self.version),
-            "labels": self.labels,
-        }
-        if deleting:
-            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        condition = {"type": "Ready", "status": "True" if ready else "False"}
-        status = {"phase": "Running", "podIP": "127.0.0.1", "conditions": [condition]}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
-
-    def modify(self, **state: bool) -> None:
-        self.events.put({"type": "MODIFIED", "object": self.pod(**state)})
-
-
-def _api_handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
-    class Api(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            if "watch=true" not in self.path:
-                items = [cluster.pod(ready=True)]
-                rv = {"resourceVersion": str(cluster.version)}
-                body = json.dumps({"kind": "PodList", "metadata": rv, "items": items}).encode()
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            # A watch: one JSON event per chunk, for as long as the router keeps it open.
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            while True:
-                try:
-                    event = cluster.events.get(timeout=1)
-                except queue.Empty:
-                    continue
-                line = (json.dumps(event) + "\n").encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-
-    return Api
+    def modify(self, ready: bool, deleting: bool = False) -> None:
+        self.api.set(POD, ready=ready, deleting=deleting)
 
 
 def _replica_handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
@@ -178,8 +132,9 @@ def routed(tmp_path: Path) -> Iterator[Routed]:
         if d["metadata"]["labels"].get("app.kubernetes.io/component") == "router"
     ]
     (container,) = router["spec"]["template"]["spec"]["containers"]
-    cluster = Cluster(labels=out.pod_template()["metadata"]["labels"])
-    api, api_port = _serve(_api_handler(cluster))
+    cluster = Cluster(StandInKubeApi(NAMESPACE).start())
+    labels = out.pod_template()["metadata"]["labels"]
+    cluster.api.apply(StandInPod(POD, labels, "127.0.0.1", ready=True))
     replica, replica_port = _serve(_replica_handler(cluster))
     port, metrics_port = free_port(), free_port()
     args = _local(
@@ -194,19 +149,7 @@ def routed(tmp_path: Path) -> Iterator[Routed]:
             "--health-check-interval-secs": "1",
         },
     )
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{api_port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
+    kubeconfig = cluster.api.write_kubeconfig(tmp_path / "kubeconfig")
     log = (tmp_path / "router.log").open("wb")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     proc = subprocess.Popen(
@@ -226,7 +169,7 @@ def routed(tmp_path: Path) -> Iterator[Routed]:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-        api.shutdown()
+        cluster.api.stop()
         replica.shutdown()
 
 
@@ -295,3 +238,32 @@ def test_the_metrics_the_dashboards_and_alerts_read_are_the_routers_own(routed: 
     (opened,) = [s for s in samples[catalog.ROUTER_CB_TRANSITIONS.name] if 'to="open"' in s]
     assert 'worker="http://127.0.0.1:' in opened
     assert any(s.endswith(" 1") for s in samples[catalog.ROUTER_CB_STATE.name])
+
+
+def test_the_stand_in_api_replays_changes_since_the_list_to_every_watch() -> None:
+    """What the router's discovery relies on of the API server, held by the stand-in: a watch
+    opened at the LIST's resource version first gets the changes made in between, and every
+    open watch gets every later change (the router watches once per pool selector)."""
+    api = StandInKubeApi(NAMESPACE).start()
+    pods = f"{api.url}/api/v1/namespaces/{NAMESPACE}/pods"
+    try:
+        api.apply(StandInPod("a", {"pool": "prefill"}, "127.0.0.2", ready=True))
+        listed = httpx.get(pods, timeout=5).json()
+        assert [p["metadata"]["name"] for p in listed["items"]] == ["a"]
+        api.set("a", ready=False)  # after the LIST, before the watch
+        since = listed["metadata"]["resourceVersion"]
+        streams = [
+            httpx.stream("GET", f"{pods}?watch=true&resourceVersion={since}", timeout=10)
+            for _ in range(2)
+        ]
+        lines = [s.__enter__().iter_lines() for s in streams]
+        api.delete("a")
+        for watch in lines:
+            first, second = json.loads(next(watch)), json.loads(next(watch))
+            assert first["type"] == "MODIFIED"
+            assert first["object"]["status"]["conditions"][0]["status"] == "False"
+            assert second["type"] == "DELETED" and second["object"]["metadata"]["name"] == "a"
+        for s in streams:
+            s.__exit__(None, None, None)
+    finally:
+        api.stop()
