@@ -243,7 +243,7 @@ def test_the_metrics_the_dashboards_and_alerts_read_are_the_routers_own(routed: 
 def test_the_stand_in_api_replays_changes_since_the_list_to_every_watch() -> None:
     """What the router's discovery relies on of the API server, held by the stand-in: a watch
     opened at the LIST's resource version first gets the changes made in between, and every
-    open watch gets every later change (the router watches once per pool selector)."""
+    open watch gets every later change (a client may hold more than one)."""
     api = StandInKubeApi(NAMESPACE).start()
     pods = f"{api.url}/api/v1/namespaces/{NAMESPACE}/pods"
     try:
