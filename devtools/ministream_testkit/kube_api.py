@@ -116,11 +116,17 @@ class StandInKubeApi:
         )
 
     def delete(self, name: str) -> None:
-        """The pod is gone (its containers have exited): DELETED."""
+        """The pod is gone (its containers have exited): DELETED, after the MODIFIED that marks
+        it for deletion if it was not marked yet (the API server's graceful deletion always
+        sets the deletion timestamp first)."""
         with self._lock:
             pod = self._pods.pop(name, None)
-            if pod is not None:
-                self._publish("DELETED", pod)
+            if pod is None:
+                return
+            if not pod.deleting:
+                pod = replace(pod, deleting=True)
+                self._publish("MODIFIED", pod)
+            self._publish("DELETED", pod)
 
     def _publish(self, kind: str, pod: StandInPod) -> None:
         """Under `_lock`: a new resource version, the event to every open watch."""

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from ministream_testkit.helm import CHART, render
+from ministream_testkit.kube_api import StandInKubeApi
 from ministream_testkit.local_server import LocalServer
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.processes import stop_process
@@ -48,10 +49,16 @@ _DISCOVERY = {
 def routed_workers(url: str) -> list[str]:
     """The worker URLs the router at `url` routes to now (its /workers); [] while it does not
     answer."""
+    return listed_workers(url) or []
+
+
+def listed_workers(url: str) -> list[str] | None:
+    """The worker URLs the router at `url` lists in its /workers; None when it did not answer
+    (which is not the same as an empty list)."""
     try:
         listed = httpx.get(f"{url}/workers", timeout=5).json()
     except (httpx.HTTPError, ValueError):
-        return []
+        return None
     return [w["url"] if isinstance(w, dict) else w for w in listed.get("workers", [])]
 
 
@@ -83,18 +90,22 @@ def local_args(
     chart_args: Sequence[str],
     workers: Sequence[str],
     pd: tuple[str, str] | None = None,
+    *,
+    discovery_port: int | None = None,
     **overrides: str,
 ) -> list[str]:
     """The chart's arguments with discovery swapped for `workers` and `overrides` applied
     (`policy="round_robin"`, `port="8123"`: flag names without dashes, `_` for `-`). In P/D
     mode (the chart's `--vllm-pd-disaggregation`), `pd` is the (prefill, decode) pair of URLs
-    in place of the pools' selectors."""
+    in place of the pools' selectors. With `discovery_port`, the chart's discovery stays (the
+    router watches a Kubernetes API: kube_api's stand-in) and finds the pods' API on that
+    port; `workers` and `pd` are unused."""
     out: list[str] = []
     i = 0
     args = list(chart_args)
     while i < len(args):
         flag = args[i]
-        if flag in _DISCOVERY:
+        if flag in _DISCOVERY and (discovery_port is None or flag == "--api-key"):
             n = _DISCOVERY[flag]
             i += 1
             while i < len(args) and (n < 0 or n > 0) and not args[i].startswith("--"):
@@ -103,12 +114,16 @@ def local_args(
             continue
         out.append(flag)
         i += 1
+    if discovery_port is not None:
+        overrides = {**overrides, "service_discovery_port": str(discovery_port)}
     for name, value in overrides.items():
         flag = "--" + name.replace("_", "-")
         if flag in out:
             out[out.index(flag) + 1] = value
         else:
             out += [flag, value]
+    if discovery_port is not None:
+        return out
     if pd is not None:
         return [*out, "--prefill", pd[0], "--decode", pd[1]]
     return [*out, "--worker-urls", *workers]
@@ -126,6 +141,10 @@ class RouterProcess(LocalServer):
     more_args: Sequence[str] = ()  # appended as they are (flags that repeat)
     pd: tuple[str, str] | None = None  # P/D mode: (prefill URL, decode URL); workers unused
     metrics_port: int = field(default_factory=free_port)
+    # The router's own discovery against this stand-in API (the pods' API on
+    # `discovery_port`) instead of `workers`/`pd`.
+    kube_api: StandInKubeApi | None = None
+    discovery_port: int | None = None
 
     @property
     def metrics_url(self) -> str:
@@ -138,6 +157,7 @@ class RouterProcess(LocalServer):
                 self.chart_args,
                 self.workers,
                 self.pd,
+                discovery_port=self.discovery_port if self.kube_api else None,
                 host="127.0.0.1",
                 port=str(self.port),
                 prometheus_host="127.0.0.1",
@@ -151,7 +171,11 @@ class RouterProcess(LocalServer):
     def start(self, timeout: float = 120.0) -> RouterProcess:
         if not VLLM_ROUTER.exists():
             raise FileNotFoundError(INSTALL_HINT)
-        self.launch(self.command(), self.log_path)
+        env = None
+        if self.kube_api is not None:
+            kubeconfig = self.kube_api.write_kubeconfig(self.log_path.with_suffix(".kubeconfig"))
+            env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        self.launch(self.command(), self.log_path, env=env)
 
         def up() -> bool:
             assert self.process is not None
@@ -159,6 +183,8 @@ class RouterProcess(LocalServer):
                 raise RuntimeError(
                     f"vllm-router exited with {self.process.returncode}: {self.log_path}"
                 )
+            if self.kube_api is not None:  # its workers come and go with the pods
+                return answers(f"{self.url}/liveness")
             expected = len(self.pd) if self.pd else len(self.workers)
             return answers(f"{self.url}/liveness") and len(self.routed_workers()) == expected
 

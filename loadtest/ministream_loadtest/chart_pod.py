@@ -15,7 +15,7 @@ on PATH).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -108,6 +108,8 @@ class ChartPod:
     # The router container's rendered arguments with `router.enabled` (vLLM's router in
     # front of the pods, Kubernetes discovery included); () without the router.
     router_args: tuple[str, ...] = ()
+    # The serving pod's labels (what the router's selector and the Service match).
+    pod_labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def probes(self) -> tuple[ProbeSpec, ProbeSpec, ProbeSpec]:
@@ -294,4 +296,5 @@ def chart_pod(
         readiness_probe=_probe("readiness", vllm),
         sidecar_settings=settings,
         router_args=_router_args(docs),
+        pod_labels=dict(spec["template"]["metadata"]["labels"]),
     )

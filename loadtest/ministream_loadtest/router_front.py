@@ -16,6 +16,14 @@ plays it:
 Everything else is the router's own: its health checks of vLLM's /health, its retries of 5xx
 and connection errors on another replica, its circuit breaker, with the chart's values.
 
+With `discovery="kube-api"` the router's own discovery runs instead (the chart's
+`--service-discovery` and selectors, unchanged): a stand-in Kubernetes API
+(ministream_testkit.kube_api) lists and watches the slots' pods, each with the chart's pod
+labels, its slot's address, Ready as its probe says and a deletion mark while it
+terminates; the router adds and removes workers itself. Its discovery reaches every pod on
+one port, so the slots share their API port and differ by loopback address (127.0.0.x).
+The discovery events are then the router's own changes, read from its /workers.
+
 The router logs no per-request line at info level (nor the request id it forwards), so
 there is no access log to trace a failure to a pod: the report traces failures by time and
 records the router's own counters (retries, per-worker requests, errors) before and after.
@@ -27,14 +35,15 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from ministream_testkit import router as router_kit
+from ministream_testkit.kube_api import StandInKubeApi, StandInPod
 
 from .chart_pod import ChartPod
 from .haproxy import Slot
@@ -44,6 +53,9 @@ from .probes import PodProbes
 ROUTER_METRIC_PREFIX = "vllm_router_"
 # How often the discovery compares what should be routed with what is.
 _DISCOVERY_INTERVAL_S = 0.1
+# worker-api: the front adds and removes the router's workers (/add_worker, /remove_worker);
+# kube-api: the router's own discovery watches a stand-in Kubernetes API.
+Discovery = Literal["worker-api", "kube-api"]
 
 
 def require_router() -> Path:
@@ -113,6 +125,7 @@ class RouterFront:
     chart: ChartPod
     clock: Callable[[], float] = time.perf_counter
     name: str = "router"
+    discovery: Discovery = "worker-api"
     # (clock time, slot server, "added" | "removed: not ready" | "removed: terminating")
     discovery_events: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -120,9 +133,19 @@ class RouterFront:
         if not self.chart.router_args:
             raise ValueError("the chart rendered no router: the router front needs router.enabled")
         require_router()
+        self.kube: StandInKubeApi | None = None
+        if self.discovery == "kube-api":
+            self.kube = StandInKubeApi(_namespace(self.chart.router_args)).start()
         self.router = router_kit.RouterProcess(
-            workers=[], log_path=self.workdir / "router.log", chart_args=self.chart.router_args
+            workers=[],
+            log_path=self.workdir / "router.log",
+            chart_args=self.chart.router_args,
+            kube_api=self.kube,
+            discovery_port=_one_port(self.slots) if self.kube else None,
         )
+        # kube-api: the pod each slot holds now (its name carries a generation) as published
+        self._pods: dict[int, StandInPod] = {}
+        self._generation = 0
         self._endpoints: dict[int, _Endpoint] = {}
         self._routed: set[int] = set()
         # `_lock` guards the endpoints and is never held across a call of the router;
@@ -152,6 +175,8 @@ class RouterFront:
         """A new pod in `slot`: probed from now on, routed once Ready."""
         urls = {"sidecar": f"http://{slot.host}:{slot.sidecar_port}", "api": self.worker_url(slot)}
         probes = PodProbes((self.chart.readiness_probe,), urls, self.clock(), self.clock)
+        if self.kube is not None:
+            self._new_pod(slot)
         with self._lock:
             old = self._endpoints.pop(slot.index, None)
             self._endpoints[slot.index] = _Endpoint(slot, probes.start())
@@ -186,6 +211,56 @@ class RouterFront:
             self._sync()
 
     def _sync(self) -> None:
+        if self.kube is not None:
+            with self._sync_lock:  # one pass at a time, as _sync_workers
+                self._publish_pods(self.kube)
+                self._read_routed()
+        else:
+            self._sync_workers()
+
+    def _publish_pods(self, kube: StandInKubeApi) -> None:
+        """The cluster's view of each slot's pod, published where it changed: a new pod in a
+        slot replaces the old one (DELETED, then ADDED under a new name)."""
+        with self._lock:
+            for i, endpoint in self._endpoints.items():
+                old = self._pods.get(i)
+                if old is None:
+                    continue
+                pod = replace(old, ready=endpoint.ready, deleting=endpoint.terminating)
+                if pod != old:
+                    kube.apply(pod)
+                    self._pods[i] = pod
+
+    def _new_pod(self, slot: Slot) -> None:
+        """kube-api: the slot's pod replaced by a new one, not Ready."""
+        assert self.kube is not None
+        with self._sync_lock, self._lock:
+            old = self._pods.pop(slot.index, None)
+            if old is not None:
+                self.kube.delete(old.name)
+            self._generation += 1
+            pod = StandInPod(f"{slot.server}-{self._generation}", self.chart.pod_labels, slot.host)
+            self.kube.apply(pod)
+            self._pods[slot.index] = pod
+
+    def _read_routed(self) -> None:
+        """kube-api: the router's own changes, from its /workers, as discovery events (a pass
+        where the router did not answer in time changes nothing)."""
+        listed = router_kit.listed_workers(self.url)
+        if listed is None:
+            return
+        urls = set(listed)
+        with self._lock:
+            now = {i for i, e in self._endpoints.items() if self.worker_url(e.slot) in urls}
+            for i in sorted(now - self._routed):
+                self._event(i, "added")
+            for i in sorted(self._routed - now):
+                endpoint = self._endpoints.get(i)
+                why = "terminating" if endpoint and endpoint.terminating else "not ready"
+                self._event(i, f"removed: {why}")
+            self._routed = now
+
+    def _sync_workers(self) -> None:
         """Bring the router's workers to the Ready, non-terminating pods: the changes are
         worked out under the lock and the router is called outside it, so a slow router
         never holds up the orchestrator or the watcher; a change whose endpoint moved on
@@ -276,3 +351,22 @@ class RouterFront:
             with contextlib.suppress(RuntimeError):
                 endpoint.probes.stop()
         self.router.stop()
+        if self.kube is not None:
+            self.kube.stop()
+
+
+def _namespace(router_args: tuple[str, ...]) -> str:
+    """The namespace the chart's router watches (`--service-discovery-namespace`)."""
+    return router_args[router_args.index("--service-discovery-namespace") + 1]
+
+
+def _one_port(slots: list[Slot]) -> int:
+    """The API port every slot shares: the router's discovery reaches each pod's address on
+    one port (`--service-discovery-port`), as in a cluster where each pod has its own IP."""
+    ports, hosts = {s.api_port for s in slots}, [s.host for s in slots]
+    if len(ports) != 1 or len(set(hosts)) != len(hosts):
+        raise ValueError(
+            "the router's own discovery needs slots on one API port and distinct addresses "
+            f"(ports {sorted(ports)}, hosts {hosts})"
+        )
+    return ports.pop()

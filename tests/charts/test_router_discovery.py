@@ -259,10 +259,14 @@ def test_the_stand_in_api_replays_changes_since_the_list_to_every_watch() -> Non
         lines = [s.__enter__().iter_lines() for s in streams]
         api.delete("a")
         for watch in lines:
-            first, second = json.loads(next(watch)), json.loads(next(watch))
-            assert first["type"] == "MODIFIED"
-            assert first["object"]["status"]["conditions"][0]["status"] == "False"
-            assert second["type"] == "DELETED" and second["object"]["metadata"]["name"] == "a"
+            unready, marked, deleted = (json.loads(next(watch)) for _ in range(3))
+            assert unready["type"] == "MODIFIED"
+            assert unready["object"]["status"]["conditions"][0]["status"] == "False"
+            # A graceful deletion: the deletion timestamp first, then the pod is gone.
+            assert (
+                marked["type"] == "MODIFIED" and "deletionTimestamp" in marked["object"]["metadata"]
+            )
+            assert deleted["type"] == "DELETED" and deleted["object"]["metadata"]["name"] == "a"
         for s in streams:
             s.__exit__(None, None, None)
     finally:

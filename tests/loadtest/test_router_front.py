@@ -30,6 +30,7 @@ from ministream_loadtest.router_front import (
 )
 from ministream_testkit import router as router_kit
 from ministream_testkit.helm import helm_path
+from ministream_testkit.net import free_port
 from ministream_testkit.waiting import wait_until
 from tests.support import tools
 
@@ -70,7 +71,7 @@ class _Worker:
     """A stand-in replica: /readyz (its sidecar's) answers 200 or 503 as told, /health 200,
     a completion answers the worker's name."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.name, self.ready, self.served = name, True, 0
         worker = self
 
@@ -97,13 +98,15 @@ class _Worker:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.port = int(self.server.server_address[1])
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-@pytest.fixture
-def routed(tmp_path: Path) -> Iterator[tuple[RouterFront, StateWatcher, list[_Worker]]]:
+@pytest.fixture(params=["worker-api", "kube-api"])
+def routed(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[RouterFront, StateWatcher, list[_Worker]]]:
     tools.vllm_router()
     # The chart's readiness probe, one second apart so the test sees flips soon; round robin
     # (cache_aware sends one repeated prompt to one worker) as `--router-policy` sets it.
@@ -112,10 +115,18 @@ def routed(tmp_path: Path) -> Iterator[tuple[RouterFront, StateWatcher, list[_Wo
         sets={**front_chart_values("router", "round_robin"), "probes.readiness.periodSeconds": 1},
         helm=helm_path(),
     )
-    workers = [_Worker("a"), _Worker("b")]
     # The API and the sidecar's /readyz on one port here.
-    slots = [Slot(i, w.port, w.port) for i, w in enumerate(workers)]
-    front = open_front("router", tmp_path, slots, {0, 1}, chart)
+    if request.param == "worker-api":
+        workers = [_Worker("a"), _Worker("b")]
+        slots = [Slot(i, w.port, w.port) for i, w in enumerate(workers)]
+        front = open_front("router", tmp_path, slots, {0, 1}, chart)
+    else:  # the router's own discovery: one port, an address per pod
+        port = free_port()
+        workers = [_Worker(n, f"127.0.0.{2 + i}", port) for i, n in enumerate("ab")]
+        slots = [Slot(i, port, port, f"127.0.0.{2 + i}") for i in range(2)]
+        front = RouterFront(tmp_path, slots, chart, discovery="kube-api").start()
+        for slot in slots:
+            front.add_endpoint(slot)
     assert isinstance(front, RouterFront)
     watcher = StateWatcher(front, interval=0.1).start()
     try:
@@ -125,6 +136,16 @@ def routed(tmp_path: Path) -> Iterator[tuple[RouterFront, StateWatcher, list[_Wo
         front.stop()
         for w in workers:
             w.server.shutdown()
+
+
+def _gone(front: RouterFront, slot: Slot) -> None:
+    """The slot's worker is no longer routed: at once when the front calls the router's
+    worker API, within seconds when the router's own watch has to deliver the change."""
+    url = front.worker_url(slot)
+    if front.kube is None:
+        assert url not in router_kit.routed_workers(front.url)
+    else:
+        wait_until(lambda: url not in router_kit.routed_workers(front.url), 15, what=f"{url} gone")
 
 
 def _complete(url: str, n: int) -> list[str]:
@@ -139,9 +160,14 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     routed: tuple[RouterFront, StateWatcher, list[_Worker]],
 ) -> None:
     front, watcher, (a, b) = routed
+    slot_a, slot_b = front.slots
     args = front.router.command()
-    # The chart's own arguments, discovery swapped for the worker API.
-    assert "--service-discovery" not in args and "--retry-max-retries" in args
+    assert "--retry-max-retries" in args  # the chart's own arguments
+    if front.kube is None:  # discovery swapped for the worker API
+        assert "--service-discovery" not in args and "--worker-urls" in args
+    else:  # the chart's discovery, its port the pods' shared one
+        assert "--service-discovery" in args and "--worker-urls" not in args
+        assert args[args.index("--service-discovery-port") + 1] == str(slot_a.api_port)
     assert args[args.index("--policy") + 1] == "round_robin"  # router.policy
     assert watcher.wait_for(lambda s: s == {"slot0": "UP", "slot1": "UP"}, 30)
     assert set(_complete(front.url, 8)) == {"a", "b"}
@@ -153,24 +179,25 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     b.ready = True
     assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
 
-    # A new pod in a slot that is still routed: out of the router at once, and kept out
-    # until its probe passes (held failing here, so nothing can add it back in between).
+    # A new pod in a slot that is still routed: out of the router at once (with the router's
+    # own discovery: once its watch delivers the deletion), and kept out until its probe
+    # passes (held failing here, so nothing can add it back in between).
     b.ready = False
-    front.add_endpoint(Slot(1, b.port, b.port))
-    assert f"http://127.0.0.1:{b.port}" not in router_kit.routed_workers(front.url)
+    front.add_endpoint(slot_b)
+    _gone(front, slot_b)
     wait_until(
         lambda: len(front._endpoints[1].probes.logs["readiness"].results) >= 2,
         30,
         what="two failed probes of the new pod in slot1",
     )
-    assert f"http://127.0.0.1:{b.port}" not in router_kit.routed_workers(front.url)
+    assert front.worker_url(slot_b) not in router_kit.routed_workers(front.url)
     b.ready = True
     assert watcher.wait_for(lambda s: s["slot1"] == "UP", 30)
 
     # Terminating: removed when the orchestrator says so, though its probe still passes, and
     # not added back.
-    front.remove_endpoint(Slot(0, a.port, a.port))
-    assert f"http://127.0.0.1:{a.port}" not in router_kit.routed_workers(front.url)
+    front.remove_endpoint(slot_a)
+    _gone(front, slot_a)
     served_a = a.served
     assert set(_complete(front.url, 4)) == {"b"}
     probes_b = len(front._endpoints[1].probes.logs["readiness"].results)
@@ -182,8 +209,8 @@ def test_the_router_is_given_ready_pods_and_loses_unready_and_terminating_ones(
     assert watcher.current["slot0"] == "DRAIN" and a.served == served_a
 
     events = [(s, e) for _, s, e in front.discovery_events]
-    assert events.count(("slot1", "removed: not ready")) == 2  # unready, then a new pod
-    assert ("slot0", "removed: terminating") in events
+    assert events.count(("slot1", "removed: not ready")) == 2, events  # unready, then a new pod
+    assert ("slot0", "removed: terminating") in events, events
     front.stop()
     counted = front.describe(0.0)["router_counters"]
     per_worker = {
