@@ -53,8 +53,9 @@ def _not_regular(directory: str, names: list[str]) -> set[str]:
 def run_one(
     name: str, front: str, drain: bool, rollout_args: Sequence[str], scratch: Path, keep: Path
 ) -> dict[str, Any]:
-    """One rollout; its report, and its work directory moved under `keep` if it lost a
-    request (or failed outright)."""
+    """One rollout; its report kept as `keep`/NAME.report.json (a control's router counters
+    say what the router's retries hid), and its work directory moved under `keep` if it
+    lost a request (or failed outright)."""
     workdir = scratch / name
     report_path = scratch / f"{name}.json"
     command = [
@@ -73,6 +74,9 @@ def run_one(
     proc = subprocess.run(command, check=False)
     report: dict[str, Any] = json.loads(report_path.read_text()) if report_path.exists() else {}
     lost = proc.returncode != 0 or not report or report.get("failed", 0) > 0
+    if report_path.exists():
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(report_path, keep / f"{name}.report.json")
     kept = None
     if lost and workdir.exists():
         kept = keep / name
@@ -93,6 +97,9 @@ def run_one(
             {**f, "run": name, "artifacts": str(kept)} for f in report.get("failures", [])
         ],
         "restart_window": report.get("restart_window"),
+        # Behind the router: what its counters gained (retries, circuit breaker), which is
+        # where a failure the router retried on another replica shows.
+        "router_counters": report.get("front", {}).get("router_counters"),
         "artifacts": str(kept) if kept else None,
         # Each run's own provenance: a soak can outlast a commit (--resume).
         "provenance": {

@@ -32,6 +32,7 @@ out.write_text(json.dumps({
     "sent": 100, "failed": len(failures),
     "failures_by_cause": {"http_500": 1} if lose else {},
     "failures": failures, "restart_window": {"sent": 90},
+    "front": {"router_counters": {"vllm_router_retries_total": 2.0}} if "router" in args else {},
 }))
 """
 
@@ -77,8 +78,14 @@ def test_runs_every_front_and_mode_and_keeps_what_lost(soak: ModuleType, tmp_pat
     )
     assert (kept / "vllm-v1-0.log").read_text() == "a pod's log\n"
     assert (kept / "report.json").is_file() and not (kept / "haproxy.sock").exists()
-    # A run that lost nothing keeps only its summary.
+    # A run that lost nothing keeps only its summary and its report; the router's counters
+    # are in the run's record.
     assert [r["name"] for r in report["runs"] if r["artifacts"]] == ["router-nodrain-00"]
+    reports = sorted(p.name for p in out.with_name("soak.json.d").glob("*.report.json"))
+    assert reports == sorted(f"{r['name']}.report.json" for r in report["runs"])
+    counters = {r["name"]: r["router_counters"] for r in report["runs"]}
+    assert counters["router-drain-00"] == {"vllm_router_retries_total": 2.0}
+    assert counters["haproxy-drain-00"] is None
 
 
 def test_resume_runs_only_what_is_missing_and_refuses_another_soak(
