@@ -518,6 +518,9 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(served: Served, tmp_path:
         }, outcome
         output = log.read_text()
         assert "'outcome': 'idle'" in output
+        # vLLM's access log shows the completion but none of the sidecar's /health polls.
+        assert '"POST /v1/completions HTTP/1.1" 200' in output, output
+        assert '"GET /health HTTP/1.1"' not in output, output
         assert gone(vllm_pid) and gone(sidecar_pid)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{sidecar}/livez", timeout=2)
