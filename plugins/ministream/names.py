@@ -138,7 +138,8 @@ def serving_max_lora_rank(rank: int) -> int:
     """The smallest --max-lora-rank vLLM accepts that serves an adapter of `rank`."""
     fits = [r for r in VLLM_MAX_LORA_RANKS if r >= rank]
     if not fits:
-        raise ValueError(f"rank {rank} is above vLLM's largest --max-lora-rank, {fits}")
+        largest = VLLM_MAX_LORA_RANKS[-1]
+        raise ValueError(f"rank {rank} is above vLLM's largest --max-lora-rank, {largest}")
     return fits[0]
 
 

@@ -37,6 +37,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -263,14 +264,34 @@ class Launcher:
                 signal.signal(sig, handler)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def _run(self) -> int:
-        env = dict(os.environ)
+    # --- the children's environments -----------------------------------------------------
+    def vllm_env(self, outer: Mapping[str, str]) -> dict[str, str]:
+        """vLLM's environment: `outer` (ours), the start time and startup log the sidecar
+        reads, and offline unless `--from-hub` (each only where `outer` has none)."""
+        env = dict(outer)
         # The cold start counts from here, the moment vLLM is asked to start.
         env.setdefault(f"{ENV_PREFIX}PROCESS_START_TIME", repr(time.time()))
         # vLLM (through the plugin) stamps its start there; the sidecar splits it in phases.
         env.setdefault(startup_log.ENV, str(self.scratch / "vllm-startup.log"))
         for key, value in hub_env(self.args).items():
             env.setdefault(key, value)
+        return env
+
+    def sidecar_env(self, vllm_env: Mapping[str, str]) -> dict[str, str]:
+        """The sidecar's environment: vLLM's, with where to listen, where vLLM is, and
+        every probe access-logged with `--access-log-probes`."""
+        env = {
+            **vllm_env,
+            f"{ENV_PREFIX}HOST": self.args.host,
+            f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
+            f"{ENV_PREFIX}VLLM_URL": self.api_url,
+        }
+        if self.args.access_log_probes:
+            env[f"{ENV_PREFIX}ACCESS_LOG_PROBES"] = "true"
+        return env
+
+    def _run(self) -> int:
+        env = self.vllm_env(os.environ)
         try:  # fail on a bad MINISTREAM_SIDECAR_* before starting anything
             settings = SidecarSettings()
         except ValidationError as exc:
@@ -284,14 +305,7 @@ class Launcher:
             env.setdefault("VLLM_LOGGING_COLOR", "1")
         self.vllm = Child("vLLM", self.vllm_cmd, env).start(tail_lines=_VLLM_TAIL_LINES)
         _say(f"vLLM pid {self.vllm.pid}: {' '.join(self.vllm_cmd)}")
-        sidecar_env = {
-            **env,
-            f"{ENV_PREFIX}HOST": self.args.host,
-            f"{ENV_PREFIX}PORT": str(self.args.sidecar_port),
-            f"{ENV_PREFIX}VLLM_URL": self.api_url,
-        }
-        if self.args.access_log_probes:
-            sidecar_env[f"{ENV_PREFIX}ACCESS_LOG_PROBES"] = "true"
+        sidecar_env = self.sidecar_env(env)
         self.sidecar = Child("sidecar", [sys.executable, "-m", "ministream_sidecar"], sidecar_env)
         _say(f"sidecar pid {self.sidecar.start().pid}")
         _say(

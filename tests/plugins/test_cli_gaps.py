@@ -17,7 +17,7 @@ from ministream.cli import main as cli_main
 from ministream.demo import random_adapter
 from ministream.lora_convert import read_base
 from ministream.manifest import converter_version
-from ministream.names import VLLM_MAX_LORA_RANKS
+from ministream.names import VLLM_MAX_LORA_RANKS, serving_max_lora_rank
 from ministream.presets import PRESET_NAMES
 from tests.support.models import ModelFactory
 
@@ -66,6 +66,12 @@ def test_vllm_max_lora_ranks_are_vllms() -> None:
     from vllm.config.lora import MaxLoRARanks
 
     assert typing.get_args(MaxLoRARanks) == VLLM_MAX_LORA_RANKS
+
+
+def test_a_rank_beyond_vllms_largest_max_lora_rank_names_that_rank() -> None:
+    largest = VLLM_MAX_LORA_RANKS[-1]
+    with pytest.raises(ValueError, match=f"largest --max-lora-rank, {largest}$"):
+        serving_max_lora_rank(largest + 1)
 
 
 def test_the_lora_serve_hint_is_a_command_a_shell_takes_as_written(

@@ -31,3 +31,23 @@ def test_docs_check_catches_an_undocumented_value(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.returncode == 1 and "undocumentedKnob" in proc.stderr
+
+
+def test_a_continuation_line_that_starts_with_a_flag_stays_in_its_description(
+    tmp_path: Path,
+) -> None:
+    """Only `# -- ` opens a description: a wrapped line starting `# --query...` continues it."""
+    chart = tmp_path / "ministream"
+    shutil.copytree(SCRIPTS.parent / "charts" / "ministream", chart)
+    values = chart / "values.yaml"
+    knob = "# -- (float) GiB of one device (`nvidia-smi\n# --query-gpu=memory.total` prints MiB).\n"
+    values.write_text(f"{values.read_text()}\n{knob}wrappedKnob: null\n")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "chart_docs.py"), "--chart", str(chart)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    row = next(r for r in (chart / "README.md").read_text().splitlines() if "`wrappedKnob`" in r)
+    want = "GiB of one device (`nvidia-smi --query-gpu=memory.total` prints MiB)."
+    assert row == f"| `wrappedKnob` | float | `null` | {want} |"

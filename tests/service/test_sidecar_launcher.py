@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,14 +27,17 @@ import pytest
 from sidecarkit import sample
 
 from ministream_sidecar import cpu_memory
+from ministream_sidecar.client import ENV_PREFIX
 from ministream_sidecar.cpu_memory import GiB
 from ministream_sidecar.launcher import (
     DEFAULT_SHUTDOWN_TIMEOUT,
+    Launcher,
     hub_env,
     parse_args,
     vllm_command,
 )
 from ministream_sidecar.metrics import ColdStartPhase
+from ministream_sidecar.settings import SidecarSettings
 from ministream_testkit.net import answers, free_port
 from ministream_testkit.vllm_server import TINY_ENGINE_ARGS
 from ministream_testkit.waiting import wait_until
@@ -97,6 +101,42 @@ def test_up_runs_vllm_offline_unless_asked_for_the_hub(
     args = parse_args(["--model", "org/name", "--from-hub"])
     assert args.model == "org/name" and hub_env(args) == {}
     assert vllm_command(args)[vllm_command(args).index("--model") + 1] == "org/name"
+
+
+@contextlib.contextmanager
+def _launcher(argv: list[str]) -> Iterator[Launcher]:
+    """A launcher that is never run (its scratch directory removed after)."""
+    up = Launcher(parse_args(argv))
+    try:
+        yield up
+    finally:
+        shutil.rmtree(up.scratch, ignore_errors=True)
+
+
+def _sidecar_settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> SidecarSettings:
+    """The sidecar's settings as the environment the launcher gives it makes them."""
+    for name, value in env.items():
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.setenv(name, value)
+    return SidecarSettings()
+
+
+def test_up_starts_vllm_offline_and_the_sidecar_with_its_probe_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the children are started with, not only what the argument parser says."""
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX) or n == "HF_HUB_OFFLINE"]:
+        monkeypatch.delenv(name)
+    (tmp_path / "config.json").write_text("{}")
+    with _launcher(["--model", str(tmp_path)]) as up:
+        env = up.vllm_env(os.environ)
+        assert env["HF_HUB_OFFLINE"] == "1"
+        assert up.vllm_env({"HF_HUB_OFFLINE": "0"})["HF_HUB_OFFLINE"] == "0"  # the user's own
+        assert _sidecar_settings(up.sidecar_env(env), monkeypatch).access_log_probes is False
+    with _launcher(["--model", "org/name", "--from-hub", "--access-log-probes"]) as up:
+        env = up.vllm_env(os.environ)
+        assert "HF_HUB_OFFLINE" not in env
+        assert _sidecar_settings(up.sidecar_env(env), monkeypatch).access_log_probes is True
 
 
 def test_up_refuses_a_tp_that_does_not_divide_the_heads(
@@ -478,6 +518,9 @@ def test_up_serves_drains_on_sigterm_and_exits_cleanly(served: Served, tmp_path:
         }, outcome
         output = log.read_text()
         assert "'outcome': 'idle'" in output
+        # vLLM's access log shows the completion but none of the sidecar's /health polls.
+        assert '"POST /v1/completions HTTP/1.1" 200' in output, output
+        assert '"GET /health HTTP/1.1"' not in output, output
         assert gone(vllm_pid) and gone(sidecar_pid)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{sidecar}/livez", timeout=2)
