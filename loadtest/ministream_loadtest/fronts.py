@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .chart_pod import ChartPod
 from .haproxy import AccessLogEntry, HAProxy, Slot
+
+if TYPE_CHECKING:
+    from .router_front import Discovery
 
 FrontKind = Literal["haproxy", "router"]
 
@@ -48,13 +51,19 @@ def front_chart_values(kind: FrontKind, router_policy: str | None = None) -> dic
 
 
 def open_front(
-    kind: FrontKind, workdir: Path, slots: list[Slot], enabled: set[int], chart: ChartPod
+    kind: FrontKind,
+    workdir: Path,
+    slots: list[Slot],
+    enabled: set[int],
+    chart: ChartPod,
+    discovery: Discovery = "worker-api",
 ) -> Front:
-    """The front, started, with the `enabled` slots as endpoints not yet ready."""
+    """The front, started, with the `enabled` slots as endpoints not yet ready; `discovery`:
+    how the router learns of them (router_front.Discovery)."""
     if kind == "router":
         from .router_front import RouterFront
 
-        router = RouterFront(workdir, slots, chart)
+        router = RouterFront(workdir, slots, chart, discovery=discovery)
         try:
             router.start()
         except BaseException:

@@ -255,9 +255,7 @@ class RouterFront:
             for i in sorted(now - self._routed):
                 self._event(i, "added")
             for i in sorted(self._routed - now):
-                endpoint = self._endpoints.get(i)
-                why = "terminating" if endpoint and endpoint.terminating else "not ready"
-                self._event(i, f"removed: {why}")
+                self._event(i, f"removed: {_removal_reason(self._endpoints.get(i))}")
             self._routed = now
 
     def _sync_workers(self) -> None:
@@ -273,8 +271,8 @@ class RouterFront:
                 removes = []
                 for i in remove:
                     endpoint = self._endpoints.get(i)
-                    why = "terminating" if endpoint and endpoint.terminating else "not ready"
-                    removes.append((i, endpoint.slot if endpoint else self.slots[i], why))
+                    slot = endpoint.slot if endpoint else self.slots[i]
+                    removes.append((i, slot, _removal_reason(endpoint)))
             added = [i for i, slot in adds if self._call("add_worker", slot)]
             removed = [(i, why) for i, slot, why in removes if self._call("remove_worker", slot)]
             with self._lock:
@@ -353,6 +351,11 @@ class RouterFront:
         self.router.stop()
         if self.kube is not None:
             self.kube.stop()
+
+
+def _removal_reason(endpoint: _Endpoint | None) -> str:
+    """Why a slot left the router: its pod terminates, or it is not Ready (or gone)."""
+    return "terminating" if endpoint and endpoint.terminating else "not ready"
 
 
 def _namespace(router_args: tuple[str, ...]) -> str:

@@ -14,8 +14,6 @@ rendered router's.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from chartkit import CHART, NAMESPACE, render
 from ministream_observability import catalog
 from ministream_testkit.kube_api import StandInKubeApi, StandInPod
 from ministream_testkit.net import free_port
-from ministream_testkit.router import VLLM_ROUTER
+from ministream_testkit.router import RouterProcess
 from ministream_testkit.router import routed_workers as workers
 from ministream_testkit.waiting import wait_until
 from tests.support import tools
@@ -105,14 +103,6 @@ def _serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, 
     return server, server.server_address[1]
 
 
-def _local(args: list[str], **values: str) -> list[str]:
-    """The rendered arguments with the given flags' values replaced (loopback ports)."""
-    out = list(args)
-    for name, value in values.items():
-        out[out.index(name) + 1] = value
-    return out
-
-
 @dataclass(frozen=True)
 class Routed:
     cluster: Cluster
@@ -126,49 +116,37 @@ class Routed:
 def routed(tmp_path: Path) -> Iterator[Routed]:
     tools.vllm_router()
     out = render(ROUTER)
-    (router,) = [
+    (deployment,) = [
         d
         for d in out.of_kind("Deployment")
         if d["metadata"]["labels"].get("app.kubernetes.io/component") == "router"
     ]
-    (container,) = router["spec"]["template"]["spec"]["containers"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     cluster = Cluster(StandInKubeApi(NAMESPACE).start())
     labels = out.pod_template()["metadata"]["labels"]
     cluster.api.apply(StandInPod(POD, labels, "127.0.0.1", ready=True))
     replica, replica_port = _serve(_replica_handler(cluster))
-    port, metrics_port = free_port(), free_port()
-    args = _local(
-        [a for a in container["args"] if "$(" not in a and a != "--api-key"],
-        **{
-            "--host": "127.0.0.1",
-            "--port": str(port),
-            "--prometheus-host": "127.0.0.1",
-            "--prometheus-port": str(metrics_port),
-            "--service-discovery-port": str(replica_port),
-            # The chart's 10 s, shortened so a failing replica is marked within seconds.
-            "--health-check-interval-secs": "1",
-        },
-    )
-    kubeconfig = cluster.api.write_kubeconfig(tmp_path / "kubeconfig")
-    log = (tmp_path / "router.log").open("wb")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.Popen(
-        [str(VLLM_ROUTER), *args], stdout=log, stderr=subprocess.STDOUT, env=env
+    router = RouterProcess(
+        workers=[],
+        log_path=tmp_path / "router.log",
+        chart_args=container["args"],
+        # The chart's 10 s, shortened so a failing replica is marked within seconds.
+        extra={"health_check_interval_secs": "1"},
+        kube_api=cluster.api,
+        discovery_port=replica_port,
     )
     try:
-        url = f"http://127.0.0.1:{port}"
+        router.start()
         yield Routed(
             cluster,
-            url,
-            f"http://127.0.0.1:{metrics_port}/metrics",
-            url + container["livenessProbe"]["httpGet"]["path"],
-            url + container["readinessProbe"]["httpGet"]["path"],
+            router.url,
+            router.metrics_url,
+            router.url + container["livenessProbe"]["httpGet"]["path"],
+            router.url + container["readinessProbe"]["httpGet"]["path"],
         )
     finally:
         cluster.release.set()
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        router.stop()
         cluster.api.stop()
         replica.shutdown()
 

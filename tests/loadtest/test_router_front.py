@@ -119,14 +119,11 @@ def routed(
     if request.param == "worker-api":
         workers = [_Worker("a"), _Worker("b")]
         slots = [Slot(i, w.port, w.port) for i, w in enumerate(workers)]
-        front = open_front("router", tmp_path, slots, {0, 1}, chart)
     else:  # the router's own discovery: one port, an address per pod
         port = free_port()
         workers = [_Worker(n, f"127.0.0.{2 + i}", port) for i, n in enumerate("ab")]
         slots = [Slot(i, port, port, f"127.0.0.{2 + i}") for i in range(2)]
-        front = RouterFront(tmp_path, slots, chart, discovery="kube-api").start()
-        for slot in slots:
-            front.add_endpoint(slot)
+    front = open_front("router", tmp_path, slots, {0, 1}, chart, discovery=request.param)
     assert isinstance(front, RouterFront)
     watcher = StateWatcher(front, interval=0.1).start()
     try:
