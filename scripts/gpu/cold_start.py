@@ -108,11 +108,14 @@ def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 60) -> 
         return json.loads(resp.read() or b"null") if body is not None else resp.status
 
 
-def _completion(base: str, model: str, i: int, prompt_tokens: int, max_tokens: int) -> float:
-    """One greedy completion of exactly `max_tokens` tokens for an exact token-id prompt
-    (ministream_sidecar.warmup.prompt_token_ids: ids 1..97, the first token varies with
-    `i`); its latency in seconds."""
-    prompt = [1 + (i * 31 + j * 7) % 97 for j in range(prompt_tokens)]
+def _prompt(i: int, prompt_tokens: int) -> list[int]:
+    """The warmup's exact token-id prompt (ministream_sidecar.warmup.prompt_token_ids: ids
+    1..97, the first token varies with `i`, so it repeats every 97)."""
+    return [1 + (i * 31 + j * 7) % 97 for j in range(prompt_tokens)]
+
+
+def _completion(base: str, model: str, prompt: list[int], max_tokens: int) -> float:
+    """One greedy completion of exactly `max_tokens` tokens; its latency in seconds."""
     t0 = time.perf_counter()
     _http(
         f"{base}/v1/completions",
@@ -131,7 +134,9 @@ def warmup(base: str, model: str, settings: dict[str, int]) -> dict[str, Any]:
     """The sidecar's warmup: N completions of exact token-id prompts, C at a time."""
 
     def one(i: int) -> float:
-        return _completion(base, model, i, settings["prompt_tokens"], settings["max_tokens"])
+        return _completion(
+            base, model, _prompt(i, settings["prompt_tokens"]), settings["max_tokens"]
+        )
 
     with ThreadPoolExecutor(settings["concurrency"]) as pool:
         latencies = list(pool.map(one, range(settings["requests"])))
@@ -143,7 +148,10 @@ class DecodeProbe:
     """`--decode-probe BATCH:PROMPT:OUT`: after Ready, BATCH concurrent completions of
     PROMPT token ids in and OUT tokens out, `reps` times; output tokens per second of
     wall time per rep. Decode speed of the engine that just started, so a start-time
-    lever is seen with what it does to serving (each start is a fresh engine instance)."""
+    lever is seen with what it does to serving (each start is a fresh engine instance).
+    Every probe prompt opens with its own token id above the warmup's 1..97, so none shares
+    a cached prefix with the warmup or another probe request: the rate is decode, not
+    prefix-cache hits."""
 
     batch: int
     prompt_tokens: int
@@ -162,6 +170,9 @@ class DecodeProbe:
             raise argparse.ArgumentTypeError(f"--decode-probe {text!r}: each part must be >= 1")
         return cls(batch, prompt, out)
 
+    def prompt(self, i: int) -> list[int]:
+        return [98 + i, *_prompt(i, self.prompt_tokens - 1)]
+
     def run(self, base: str, model: str) -> dict[str, Any]:
         walls = []
         with ThreadPoolExecutor(self.batch) as pool:
@@ -170,7 +181,7 @@ class DecodeProbe:
                 t0 = time.perf_counter()
                 list(
                     pool.map(
-                        lambda i: _completion(base, model, i, self.prompt_tokens, self.max_tokens),
+                        lambda i: _completion(base, model, self.prompt(i), self.max_tokens),
                         range(first, first + self.batch),
                     )
                 )
