@@ -147,10 +147,26 @@ def run20_mega_aot(root: Path) -> Lines:
     return cold_start_summary(root, list(RUN20_MEGA), [])
 
 
-MACHINES = {
-    "A (run 19)": RUN19_COLD,
-    "B (run 20)": RUN20_B,
-    "C (run 20)": RUN20_C,
+RUN21_D = (f"{H200}/run21/call2", f"{H200}/run21/call3")
+RUN21_BATCHES = (f"{H200}/run21/call4",)
+MEGA = "-mega"  # h200.sh's suffix: VLLM_USE_MEGA_AOT_ARTIFACT=1 (vLLM 0.32's own default)
+
+
+@TABLES.table("h200-run21-cold-start-d", *RUN21_D)
+def run21_cold_start_d(root: Path) -> Lines:
+    seeded, warm = H200_ORDER[1], H200_ORDER[2]
+    order = [H200_ORDER[0], f"{warm}{MEGA}-fill", seeded, seeded + MEGA, warm, warm + MEGA]
+    order += H200_ORDER[3:]
+    return cold_start_summary(root, list(RUN21_D), order)
+
+
+# machine: (raw folders, suffix of the chart's seeded and warm variants)
+MACHINES: dict[str, tuple[tuple[str, ...], str]] = {
+    "A (run 19)": (RUN19_COLD, ""),
+    "B (run 20)": (RUN20_B, ""),
+    "C (run 20)": (RUN20_C, ""),
+    "D (run 21)": (RUN21_D, ""),
+    "D (run 21), mega AOT artifact": (RUN21_D, MEGA),
 }
 
 
@@ -166,7 +182,9 @@ def _ready_cell(times: dict[str, tuple[list[float], int]], variant: str) -> str:
     return f"{gpu_script('cold_start').spread(ready)} ({len(ready)}/{started})"
 
 
-@TABLES.table("h200-cold-start-machines", *(d for dirs in MACHINES.values() for d in dirs))
+@TABLES.table(
+    "h200-cold-start-machines", *dict.fromkeys(d for m in MACHINES.values() for d in m[0])
+)
 def cold_start_machines(root: Path) -> Lines:
     """The chart's start against vLLM's defaults, machine by machine: Ready medians
     [min–max] (served/started) and the ratios of the medians."""
@@ -179,12 +197,12 @@ def cold_start_machines(root: Path) -> Lines:
         "seeded / vLLM fresh",
         "warm / vLLM warm",
     )
-    for machine, dirs in MACHINES.items():
+    for machine, (dirs, suffix) in MACHINES.items():
         for d in dirs:
             if not (root / d).is_dir():
                 raise RenderError(f"raw folder missing: {d}")
         times = gpu_script("cold_start").ready_times([str(root / d) for d in dirs])
-        seeded, warm = "h200-seeded-evict-prefetch", "h200-warm"
+        seeded, warm = H200_ORDER[1] + suffix, H200_ORDER[2] + suffix
         lines.append(
             row(
                 machine,
@@ -202,33 +220,73 @@ def cold_start_machines(root: Path) -> Lines:
 RUN18_PAIRS = (f"{H200}/run18/call4", f"{H200}/run18/call5")
 
 
-@TABLES.table("h200-run18-hide-pairs", *RUN18_PAIRS)
-def run18_hide_pairs(root: Path) -> Lines:
-    """chart-kvb-warm-hide against chart-kvb-warm, start by start (cold_start.py pairs)."""
+def pairs_table(
+    root: Path, what: str, measures: list[tuple[str, tuple[str, ...], str, str, str]]
+) -> Lines:
+    """Start-by-start differences A − B (cold_start.py pairs), one row per (label, raw
+    folders, A, B, phase); `what` names A against B in the header."""
     cold = gpu_script("cold_start")
-    a, b = "chart-kvb-warm-hide", "chart-kvb-warm"
     lines = header(
         "measure",
         "pairs",
-        "mean hidden − not, s [95 % t-interval over pairs]",
-        "median, s",
-        "hidden lower in",
+        f"mean {what} [95 % t-interval over pairs]",
+        "median",
+        "A lower in",
         align="lrlrr",
     )
-    measures = (("ready", "Ready"), ("imports", "imports"), ("after_imports", "after imports"))
-    for phase, label in measures:
-        rows = cold.pair_rows([str(root / d) for d in RUN18_PAIRS], a, b, phase)
+    for label, dirs, a, b, phase in measures:
+        rows = cold.pair_rows([str(root / d) for d in dirs], a, b, phase)
+        if not rows:
+            raise RenderError(f"no pairs of {a} and {b} in {', '.join(dirs)}")
         d = cold.pair_difference(rows)
+        unit = cold.unit_of(phase)
         lines.append(
             row(
                 label,
                 d["n"],
-                cold.fmt_difference(d),
-                f"{d['median']:+.2f}".replace("-", "−"),
+                cold.fmt_difference(d, unit),
+                f"{cold.signed(d['median'], unit)} {unit}".replace("-", "−"),
                 f"{d['a_lower']} of {d['n']}",
             )
         )
     return lines
+
+
+@TABLES.table("h200-run18-hide-pairs", *RUN18_PAIRS)
+def run18_hide_pairs(root: Path) -> Lines:
+    """chart-kvb-warm-hide against chart-kvb-warm, start by start (cold_start.py pairs)."""
+    a, b = "chart-kvb-warm-hide", "chart-kvb-warm"
+    measures = [
+        (label, RUN18_PAIRS, a, b, phase)
+        for phase, label in (
+            ("ready", "Ready"),
+            ("imports", "imports"),
+            ("after_imports", "after imports"),
+        )
+    ]
+    return pairs_table(root, "hidden − not (A − B)", measures)
+
+
+@TABLES.table("h200-run21-mega-pairs", *RUN21_D, *RUN21_BATCHES)
+def run21_mega_pairs(root: Path) -> Lines:
+    """The mega AOT artifact against the plain compile cache, start by start on one machine:
+    time to Ready, the compile phase, and each started engine's decode tokens/s after Ready
+    (cold_start.py --decode-probe BATCH:128:128, three rounds, median)."""
+    seeded, warm = H200_ORDER[1], H200_ORDER[2]
+    measures = [
+        ("seeded: Ready", RUN21_D, seeded + MEGA, seeded, "ready"),
+        ("seeded: compile", RUN21_D, seeded + MEGA, seeded, "compile"),
+        ("seeded: decode, batch 64", RUN21_D, seeded + MEGA, seeded, "decode_tokens_per_s"),
+        ("warm: Ready", RUN21_D, warm + MEGA, warm, "ready"),
+        ("warm: compile", RUN21_D, warm + MEGA, warm, "compile"),
+        ("warm: decode, batch 64", RUN21_D, warm + MEGA, warm, "decode_tokens_per_s"),
+    ]
+    for batch in (256, 16):
+        a, b = f"{warm}{MEGA}-b{batch}", f"{warm}-b{batch}"
+        measures.append(
+            (f"warm: decode, batch {batch}", RUN21_BATCHES, a, b, "decode_tokens_per_s")
+        )
+    return pairs_table(root, "mega − plain (A − B)", measures)
 
 
 # ---------------------------------------------------------------- H200: one engine per side

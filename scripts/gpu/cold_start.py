@@ -493,10 +493,17 @@ def pair_difference(rows: list[tuple[str, str, float, float]]) -> dict[str, Any]
     return paired_difference_interval([r[2] for r in rows], [r[3] for r in rows])
 
 
+def signed(x: float, unit: str = "s") -> str:
+    """A difference with its sign: seconds to 0.01, tokens/s whole."""
+    return f"{x:+.0f}" if unit == "tokens/s" else f"{x:+.2f}"
+
+
 def fmt_difference(d: dict[str, Any], unit: str = "s") -> str:
     """`−1.62 s [−2.80, −0.44]`: the mean difference and its 95 % t-interval over pairs."""
     lo, hi = d["ci95"]
-    return f"{d['mean']:+.2f} {unit} [{lo:+.2f}, {hi:+.2f}]".replace("-", "−")
+    return f"{signed(d['mean'], unit)} {unit} [{signed(lo, unit)}, {signed(hi, unit)}]".replace(
+        "-", "−"
+    )
 
 
 def unit_of(phase: str) -> str:
@@ -516,7 +523,7 @@ def pairs(args: argparse.Namespace) -> int:
     d, unit = pair_difference(rows), unit_of(args.phase)
     print(
         f"{d['n']} pairs: mean A − B {fmt_difference(d, unit)} (95 % t-interval over pairs), "
-        f"median {d['median']:+.2f} {unit}; A lower in {d['a_lower']} of {d['n']}"
+        f"median {signed(d['median'], unit)} {unit}; A lower in {d['a_lower']} of {d['n']}"
     )
     return 0
 
