@@ -220,9 +220,10 @@ def cold_start_machines(root: Path) -> Lines:
 RUN18_PAIRS = (f"{H200}/run18/call4", f"{H200}/run18/call5")
 
 
-def pairs_table(
-    root: Path, what: str, measures: list[tuple[str, tuple[str, ...], str, str, str]]
-) -> Lines:
+PairMeasure = tuple[str, tuple[str, ...], str, str, str]  # label, raw folders, A, B, phase
+
+
+def pairs_table(root: Path, what: str, measures: list[PairMeasure]) -> Lines:
     """Start-by-start differences A − B (cold_start.py pairs), one row per (label, raw
     folders, A, B, phase); `what` names A against B in the header."""
     cold = gpu_script("cold_start")
@@ -256,7 +257,7 @@ def pairs_table(
 def run18_hide_pairs(root: Path) -> Lines:
     """chart-kvb-warm-hide against chart-kvb-warm, start by start (cold_start.py pairs)."""
     a, b = "chart-kvb-warm-hide", "chart-kvb-warm"
-    measures = [
+    measures: list[PairMeasure] = [
         (label, RUN18_PAIRS, a, b, phase)
         for phase, label in (
             ("ready", "Ready"),
@@ -273,7 +274,7 @@ def run21_mega_pairs(root: Path) -> Lines:
     time to Ready, the compile phase, and each started engine's decode tokens/s after Ready
     (cold_start.py --decode-probe BATCH:128:128, three rounds, median)."""
     seeded, warm = H200_ORDER[1], H200_ORDER[2]
-    measures = [
+    measures: list[PairMeasure] = [
         ("seeded: Ready", RUN21_D, seeded + MEGA, seeded, "ready"),
         ("seeded: compile", RUN21_D, seeded + MEGA, seeded, "compile"),
         ("seeded: decode, batch 64", RUN21_D, seeded + MEGA, seeded, "decode_tokens_per_s"),

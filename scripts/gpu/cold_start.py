@@ -320,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
         argv = drop_flag(argv, flag)
     argv += args.extra_arg
     lines: list[tuple[float, str]] = []  # each output line with its arrival after t0
+    t0 = 0.0  # set just before the server starts
     server = PodServer(
         args.model,
         scratch / "server.log",
