@@ -1,7 +1,9 @@
 """vLLM's router, the real binary with the chart's own arguments, in front of two real vLLM
-replicas (the tiny model, static `--worker-urls` instead of Kubernetes discovery): requests
-reach both replicas, a replica drained under load as a cluster drains it costs no request,
-and a real Prometheus scrapes the router's metrics. A replica killed outright is not tested:
+replicas (the tiny model with the chart's vLLM arguments, static `--worker-urls` instead of
+Kubernetes discovery): requests reach both replicas, a replica drained under load as a
+cluster drains it (the router's removal, then the chart's preStop hook against a real sidecar
+with the chart's settings, then SIGTERM) costs no request, and a real Prometheus scrapes the
+router's metrics. A replica killed outright is not tested:
 the router's retries (router.retries.maxRetries) may all land on the dead replica before its
 health checks or breaker eject it, so whether a request is lost depends on timing. A module
 of its own: two engines, one router, one Prometheus, shared by its tests in order."""
@@ -9,27 +11,26 @@ of its own: two engines, one router, one Prometheus, shared by its tests in orde
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
-import time
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from promkit import PrometheusServer, ScrapeTarget
 
+from ministream_loadtest.chart_pod import ChartPod, chart_pod
 from ministream_observability import catalog
-from ministream_sidecar.engine_client import RequestCounts
-from ministream_testkit.router import RouterProcess, chart_router_args
-from ministream_testkit.vllm_server import (
-    TINY_ENGINE_ARGS,
-    VLLMServer,
-    metrics_text,
-    request_counts,
-    sum_samples,
-)
+from ministream_sidecar.client import ENV_PREFIX
+from ministream_testkit.router import ROUTER_VALUES, RouterProcess, chart_router_args
+from ministream_testkit.sidecar_process import SidecarProcess, start_sidecar
+from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics_text, sum_samples
 from ministream_testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
@@ -41,22 +42,33 @@ class Fleet:
     router: RouterProcess
     prom: PrometheusServer
     workdir: Path
+    pod: ChartPod  # what the chart renders for a serving pod behind the router
+    sidecar: SidecarProcess  # the first replica's, with the chart's settings
 
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("router-live")
+    pod = chart_pod(values_files=[ROUTER_VALUES])
+    # The chart's vLLM arguments first (--shutdown-timeout, --enable-server-load-tracking,
+    # ...), the tiny model's after them: for a flag given twice, vLLM takes the last.
+    args = (*pod.vllm_args, *TINY_ENGINE_ARGS)
     replicas = [
-        VLLMServer(str(tiny_model_dir), workdir / f"replica-{i}.log", args=TINY_ENGINE_ARGS)
-        for i in range(2)
+        VLLMServer(str(tiny_model_dir), workdir / f"replica-{i}.log", args=args) for i in range(2)
     ]
     router: RouterProcess | None = None
     prom: PrometheusServer | None = None
+    sidecar: SidecarProcess | None = None
     try:
         for r in replicas:
             r.start()
         for r in replicas:
             r.wait_healthy()
+        # Warmup off: the routing test counts each replica's finished requests exactly.
+        settings = {**pod.sidecar_settings, f"{ENV_PREFIX}WARMUP_ON_START": "false"}
+        sidecar = start_sidecar(
+            replicas[0].url, replicas[0].served_name, workdir / "sidecar-0.log", settings
+        )
         # Round robin: the routing test can count each replica's share exactly.
         router = RouterProcess(
             [r.url for r in replicas],
@@ -70,12 +82,14 @@ def fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             workdir / "prometheus",
             [ScrapeTarget("router", f"127.0.0.1:{router.metrics_port}", {"pod": "ms-router-0"})],
         ).start()
-        yield Fleet(replicas, router, prom, workdir)
+        yield Fleet(replicas, router, prom, workdir, pod, sidecar)
     finally:
         if prom:
             prom.stop()
         if router:
             router.stop()
+        if sidecar:
+            sidecar.stop()
         for r in replicas:
             r.stop()
 
@@ -103,9 +117,24 @@ def _load(url: str, n: int, rate: float) -> list[int | str]:
     return asyncio.run(run())
 
 
-def _held(counts: RequestCounts) -> bool:
-    """Whether vLLM still holds requests (a gauge dipped below 0 by a disconnect holds none)."""
-    return counts.running + counts.waiting > 0
+def _prestop(fleet: Fleet) -> dict[str, Any]:
+    """The chart's rendered preStop command, as the kubelet runs it in the pod (this
+    interpreter standing in for the image's python3, the sidecar's port in its variable):
+    the sidecar's drain. Its answer (the command's last line): the sidecar's /drain body."""
+    command = list(fleet.pod.prestop_command)
+    if command[0] == "python3":
+        command[0] = sys.executable
+    port = fleet.sidecar.url.rsplit(":", 1)[1]
+    done = subprocess.run(
+        command,
+        env={**os.environ, f"{ENV_PREFIX}PORT": port},
+        capture_output=True,
+        text=True,
+        timeout=fleet.pod.termination_grace_period_seconds,
+    )
+    assert done.returncode == 0, done.stderr
+    body: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["drain"]["body"]
+    return body
 
 
 def _served(replica: VLLMServer) -> float:
@@ -122,10 +151,12 @@ def test_requests_reach_both_replicas(fleet: Fleet) -> None:
 
 def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
     """A pod's deletion as the router sees it: discovery removes the pod (the router's own
-    remove_worker, what it runs on the pod's deletionTimestamp), the preStop drain waits until
-    vLLM is idle (the sidecar polls the same running and waiting gauges), then SIGTERM."""
+    remove_worker, what it runs on the pod's deletionTimestamp), the chart's preStop hook
+    drains the pod's sidecar (idle on vLLM's gauges and its GET /load, no sooner than the
+    chart's drainMinSeconds), then SIGTERM."""
     leaving = fleet.replicas[0]
     assert leaving.process is not None
+    drained: dict[str, Any] = {}
 
     async def drain_after(delay: float) -> None:
         await asyncio.sleep(delay)
@@ -134,15 +165,13 @@ def test_a_replica_drained_under_load_costs_no_request(fleet: Fleet) -> None:
                 f"{fleet.router.url}/remove_worker", params={"url": leaving.url}
             )
         assert removed.status_code < 300, removed.text
-        # The sidecar's drain: wait until vLLM has finished what it was given, then SIGTERM.
-        deadline = time.monotonic() + 120
-        while _held(request_counts(leaving.url)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        os.kill(leaving.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        drained.update(await asyncio.get_running_loop().run_in_executor(None, _prestop, fleet))
+        os.kill(leaving.process.pid, signal.SIGTERM)
 
     statuses = _with_action(fleet.router.url, drain_after)
     leaving.wait_exit(120)
-    assert statuses == [200] * len(statuses), statuses
+    assert statuses == [200] * len(statuses), (statuses, drained)
+    assert drained["outcome"] == "idle", drained
     assert leaving.url not in fleet.router.routed_workers()
 
 
