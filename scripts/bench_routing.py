@@ -316,6 +316,16 @@ def start_replicas(replicas: list[VLLMServer], first_alone: bool) -> None:
         r.wait_healthy()
 
 
+def add_engine_arg(p: argparse.ArgumentParser) -> None:
+    """`--engine-arg`, repeated (scripts/bench_pd.py's too)."""
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -331,12 +341,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--question-words", type=int, default=8)
     p.add_argument("--output-tokens", type=int, default=8)
     p.add_argument("--rate", type=float, default=4.0, help="requests per second leaving")
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=None,
-        help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
-    )
+    add_engine_arg(p)
     p.add_argument(
         "--chart-router",
         help="JSON of the chart's router and engine arguments (default: rendered by helm now)",
