@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from bench_routing import WORDS, add_engine_arg, start_replicas
+from bench_routing import WORDS, add_engine_arg, add_without_engine_arg, start_replicas
 from interval_stats import creation_order, paired_ratio_interval
 
 from ministream.atomic_file import write_atomic
@@ -257,17 +257,19 @@ def build_arms(
     chart: dict[str, Any], args: argparse.Namespace, logs: Path, instance: int
 ) -> dict[str, Arm]:
     """Both arms' replicas (not started): the tiny model's or the caller's engine arguments,
-    the chart's additions, each replica's cores, the same KV-cache memory for every one."""
+    the chart's additions (less `--without-engine-arg`), each replica's cores, the same
+    KV-cache memory for every one."""
     base = list(args.engine_arg or TINY_ENGINE_ARGS)
     cores = [c for c in args.omp_bind.split(",") if c] or [None, None]
     common = {KV_CPU_ENV: str(args.cpu_kv_cache_gib)}
 
-    def replica(arm: str, i: int, extra_args: Sequence[str], env: dict[str, str]) -> VLLMServer:
+    def replica(arm: str, i: int, chart_args: Sequence[str], env: dict[str, str]) -> VLLMServer:
         bind = {"VLLM_CPU_OMP_THREADS_BIND": cores[i]} if cores[i] is not None else {}
+        kept = [a for a in chart_args if a not in args.without_engine_arg]
         return VLLMServer(
             args.model,
             logs / f"{arm}-{i}-instance{instance}.log",
-            args=[*base, *extra_args],
+            args=[*base, *kept],
             env={**common, **env, **bind},
         )
 
@@ -549,6 +551,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-out", type=token_range, default=(16, 32), metavar="MIN:MAX")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second leaving")
     add_engine_arg(p)
+    add_without_engine_arg(p)
     p.add_argument("--cpu-kv-cache-gib", type=int, default=1, help=f"{KV_CPU_ENV} per replica")
     p.add_argument(
         "--omp-bind",

@@ -326,6 +326,18 @@ def add_engine_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_without_engine_arg(p: argparse.ArgumentParser) -> None:
+    """`--without-engine-arg FLAG`, repeated (scripts/bench_pd.py's too)."""
+    p.add_argument(
+        "--without-engine-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="leave out a flag the chart adds to the replicas' vLLM arguments (an older vLLM "
+        "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -351,14 +363,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="render the chart's router and engine arguments into FILE, then exit",
     )
-    p.add_argument(
-        "--without-engine-arg",
-        action="append",
-        default=[],
-        metavar="FLAG",
-        help="leave out a flag the chart adds to the replicas' vLLM arguments (an older vLLM "
-        "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
-    )
+    add_without_engine_arg(p)
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
