@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import random
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from ministream_loadtest.streaming import StreamTiming
-from tests.support.scripts import ScriptImporter
+from tests.support.scripts import GPU_SCRIPTS, ScriptImporter
 
 
 @pytest.fixture
@@ -182,3 +183,26 @@ def test_token_ranges(bench: ModuleType) -> None:
     assert bench.token_range("128") == (128, 128)
     with pytest.raises(argparse.ArgumentTypeError):
         bench.token_range("8:4")
+
+
+def test_the_arms_differ_by_the_connector_and_share_memory_and_cores(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """Built from the committed chart-pd.json (checked against `helm template` in
+    test_gpu_bench_scripts.py): the pd replicas are the colocated ones plus the chart's
+    connector, each with its own side channel and UCX ports; every replica has the same KV
+    cache; each arm's replica i runs on core i."""
+    chart = bench.chart_pd(str(GPU_SCRIPTS / "chart-pd.json"))
+    args = bench._parser().parse_args(["--model", "m", "--out", "o", "--cpu-kv-cache-gib", "3"])
+    arms = bench.build_arms(chart, args, tmp_path, instance=0)
+    pd, colocated = arms["pd"].replicas, arms["colocated"].replicas
+    for p, c in zip(pd, colocated, strict=True):
+        i = list(p.args).index("--kv-transfer-config")
+        assert [*p.args[:i], *p.args[i + 2 :]] == list(c.args)
+        assert "--kv-transfer-config" not in c.args
+    assert {r.env[bench.KV_CPU_ENV] for r in pd + colocated} == {"3"}
+    for arm in (pd, colocated):
+        assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in arm] == ["0", "1"]
+    for name in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TCP_PORT_RANGE"):
+        assert len({r.env[name] for r in pd}) == 2, name
+    assert arms["pd"].decode is pd[1] and arms["colocated"].decode is None
