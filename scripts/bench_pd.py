@@ -51,7 +51,7 @@ threads spinning on the same cores starve whichever must act), so a replica of e
 shares each core. That is fair only if an idle arm takes no CPU from the measured one: an
 idle vLLM engine core blocks on its input queue, but the router's health checks, the API
 servers' loops and NIXL's threads run on; so every block records the other arm's CPU
-seconds (`idle_arm_cpu_s`), and the table shows its largest share of the cores. The
+seconds (`idle_arm_cpu_s`), and the table shows its largest share of one core. The
 alternative, one arm up at a time, would restart engines between every pair of blocks and
 make every round a new pair of instances.
 
