@@ -316,6 +316,28 @@ def start_replicas(replicas: list[VLLMServer], first_alone: bool) -> None:
         r.wait_healthy()
 
 
+def add_engine_arg(p: argparse.ArgumentParser) -> None:
+    """`--engine-arg`, repeated (scripts/bench_pd.py's too)."""
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
+    )
+
+
+def add_without_engine_arg(p: argparse.ArgumentParser) -> None:
+    """`--without-engine-arg FLAG`, repeated (scripts/bench_pd.py's too)."""
+    p.add_argument(
+        "--without-engine-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="leave out a flag the chart adds to the replicas' vLLM arguments (an older vLLM "
+        "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -331,12 +353,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--question-words", type=int, default=8)
     p.add_argument("--output-tokens", type=int, default=8)
     p.add_argument("--rate", type=float, default=4.0, help="requests per second leaving")
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=None,
-        help="a vLLM argument of every replica (default: the tests' tiny-model arguments)",
-    )
+    add_engine_arg(p)
     p.add_argument(
         "--chart-router",
         help="JSON of the chart's router and engine arguments (default: rendered by helm now)",
@@ -346,14 +363,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="render the chart's router and engine arguments into FILE, then exit",
     )
-    p.add_argument(
-        "--without-engine-arg",
-        action="append",
-        default=[],
-        metavar="FLAG",
-        help="leave out a flag the chart adds to the replicas' vLLM arguments (an older vLLM "
-        "that lacks it; vLLM 0.25.1 serves the render endpoints without --enable-scale-out)",
-    )
+    add_without_engine_arg(p)
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),

@@ -194,5 +194,16 @@ class RouterProcess(LocalServer):
     def routed_workers(self) -> list[str]:
         return routed_workers(self.url)
 
+    def wait_workers_healthy(self, timeout: float) -> None:
+        """Wait until the router counts every worker healthy (its own /health checks: a worker
+        listed at start may still be ejected by them)."""
+        expected = len(self.pd) if self.pd else len(self.workers)
+
+        def healthy() -> bool:
+            listed = httpx.get(f"{self.url}/workers", timeout=30).json()["workers"]
+            return len(listed) == expected and all(w["is_healthy"] for w in listed)
+
+        wait_until(healthy, timeout, 0.5, what=f"{expected} healthy workers at {self.url}")
+
     def stop(self) -> None:
         stop_process(self.process)

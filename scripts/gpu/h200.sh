@@ -40,6 +40,10 @@
 #   bash scripts/gpu/h200.sh routing "$OUT"    # bench_routing.py: vLLM's router, cache_aware vs
 #     round_robin over 4 gpu-1b replicas (carry .whl and .whl-router); ROUTING_REPLICAS,
 #     ROUTING_KV_GIB, ROUTING_RATE, ROUTING_ROUNDS, ROUTING_LIMIT, ROUTING_ARGS
+#   bash scripts/gpu/h200.sh pd "$OUT"         # bench_pd.py: P/D (1 prefill + 1 decode gpu-1b)
+#     vs 2 colocated gpu-1b, all four sharing the GPU (carry .whl, .whl-router and the NIXL
+#     wheel with its dependencies as .whl-pd); PD_KV_GIB, PD_RATE, PD_ROUNDS, PD_INSTANCES,
+#     PD_LIMIT, PD_ARGS
 #   bash scripts/gpu/h200.sh offload "$OUT"    # kv_offload.py: native CPU KV offload on vs off
 #     (carry .whl as for coldstart); OFFLOAD_KV_GIB (GPU KV cache, default 4),
 #     OFFLOAD_GIB (CPU tier, 24), OFFLOAD_LIMIT (s, 480), OFFLOAD_ARGS (kv_offload.py flags)
@@ -56,7 +60,7 @@
 #   MINISTREAM_COMMIT=$(git rev-parse HEAD) MINISTREAM_DIRTY=0|1 bash scripts/gpu/h200.sh ...
 # Every JSON a step writes carries the provenance block (ministream_testkit.provenance):
 # cold_start.py stamps its own (bytecode as its server sees it), and so do kv_offload.py,
-# bench_routing.py, forward_parity.py, fp8_compare.py and capture_sizes.py (through
+# bench_routing.py, bench_pd.py, forward_parity.py, fp8_compare.py and capture_sizes.py (through
 # ministream_testkit.results.write_json); the rest are stamped when the step ends, and the
 # step's folder holds step.json (step, settings, start and end).
 # Bytecode as the serving image has it: before its first timed work a step compiles the host
@@ -66,7 +70,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|capture|coldstart|offload|routing|fp8|lora|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|capture|coldstart|offload|routing|pd|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -192,8 +196,23 @@ install_api_wheels() {  # the API server's packages the vLLM transfer lacks, car
   fi
 }
 
+# The routing and pd steps: the API server's wheels, vllm-router (.whl-router/) and NIXL
+# (.whl-pd/, when carried) into /tmp/site, then bytecode as the other steps have it.
+router_wheels() {
+  install_api_wheels
+  if compgen -G '.whl-router/*.whl' >/dev/null && [ ! -x /tmp/site/bin/vllm-router ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-router/*.whl
+  fi
+  if compgen -G '.whl-pd/*.whl' >/dev/null && [ ! -d /tmp/site/nixl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-pd/*.whl
+  fi
+  export MINISTREAM_VLLM_ROUTER=/tmp/site/bin/vllm-router
+  compile_bytecode
+  export PYTHONDONTWRITEBYTECODE=1
+}
+
 case "$step" in
-  parity|capture|coldstart|fp8|lora|offload|routing) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
+  parity|capture|coldstart|fp8|lora|offload|routing|pd) test -d /tmp/site/vllm || { echo "no vLLM in /tmp/site: fresh machine?"; exit 3; } ;;
 esac
 case "$step" in
   models)
@@ -405,13 +424,7 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # memory profiling among four processes sharing the GPU); the chart's router arguments
     # come from scripts/gpu/chart-router.json (no helm here). vLLM 0.25.1 serves the render
     # endpoints cache_aware tokenizes through without --enable-scale-out (0.32 needs it).
-    install_api_wheels
-    if compgen -G '.whl-router/*.whl' >/dev/null && [ ! -x /tmp/site/bin/vllm-router ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-router/*.whl
-    fi
-    export MINISTREAM_VLLM_ROUTER=/tmp/site/bin/vllm-router
-    compile_bytecode
-    export PYTHONDONTWRITEBYTECODE=1
+    router_wheels
     echo "== routing ($(date +%T))"
     limit=${ROUTING_LIMIT:-540}
     kv=$(( ${ROUTING_KV_GIB:-1} << 30 ))
@@ -426,6 +439,28 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
       --engine-arg=--gpu-memory-utilization=0.15 --engine-arg=--kv-cache-memory-bytes=$kv \
       --engine-arg=--max-cudagraph-capture-size=64 ${ROUTING_ARGS:-} 2>&1 | tee "$out/routing.out"
     cp -r "$(grep -o '"logs": "[^"]*"' "$out/routing-h200.json" 2>/dev/null | cut -d'"' -f4)" "$out/logs" 2>/dev/null
+    gpu_leftovers ;;
+  pd)
+    # P/D against colocated (scripts/bench_pd.py): one prefill and one decode gpu-1b replica
+    # behind vLLM's router in P/D mode vs two colocated ones behind it in its default mode,
+    # all four on the one GPU, each PD_KV_GIB (8) GiB of KV cache (--kv-cache-memory-bytes:
+    # no memory profiling among processes sharing the GPU); the long-prompt mix of the issue
+    # (4-8k tokens in, 128-256 out) with short chat turns. The chart's arguments come from
+    # scripts/gpu/chart-pd.json (no helm here); vLLM 0.25.1 lacks --enable-scale-out. NIXL
+    # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transport is the chart's
+    # (tcp,self): what the GPU-to-GPU path takes is still open (docs/fleet.md).
+    router_wheels
+    echo "== pd ($(date +%T))"
+    mix=(--long 16 --chat 48 --long-in 4096:8192 --long-out 128:256 --chat-in 64:256 --chat-out 32:128)
+    engine=(--dtype=bfloat16 --max-model-len=8704 --gpu-memory-utilization=0.2
+      "--kv-cache-memory-bytes=$(( ${PD_KV_GIB:-8} << 30 ))" --max-cudagraph-capture-size=64)
+    # shellcheck disable=SC2086  # PD_ARGS is a list of flags
+    timeout -s INT -k 30 "${PD_LIMIT:-540}" python3 scripts/bench_pd.py --model $M/gpu-1b \
+      --out "$out/pd-h200.json" --chart-pd scripts/gpu/chart-pd.json "${mix[@]}" \
+      "${engine[@]/#/--engine-arg=}" --without-engine-arg=--enable-scale-out --omp-bind "" \
+      --start-first-alone --rounds ${PD_ROUNDS:-4} --instances ${PD_INSTANCES:-1} \
+      --rate ${PD_RATE:-4} ${PD_ARGS:-} 2>&1 | tee "$out/pd.out"
+    cp -r "$(grep -o '"logs": "[^"]*"' "$out/pd-h200.json" 2>/dev/null | cut -d'"' -f4)" "$out/logs" 2>/dev/null
     gpu_leftovers ;;
   fp8)
     echo "== fp8 vs bf16 ($(date +%T))"

@@ -1,4 +1,4 @@
-"""ministream_loadtest.streaming: the benchmark scripts' one streamed client and its TTFT."""
+"""ministream_loadtest.streaming: the benchmark scripts' one streamed client, its TTFT and ITL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from ministream_loadtest.streaming import StreamTiming, timed_completion, ttft_percentiles_s
+from ministream_loadtest.streaming import (
+    StreamTiming,
+    itl_percentiles_s,
+    timed_completion,
+    ttft_percentiles_s,
+)
 
 
 def _sse(*texts: str) -> bytes:
@@ -26,16 +31,18 @@ def _time(handler: httpx.MockTransport, prompt: str = "p") -> StreamTiming:
 
 def test_ttft_stops_at_the_first_chunk_with_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """A first chunk without text (a token that completes no character) does not end TTFT:
-    with a clock that ticks once per reading, the TTFT is the reading at the "a" chunk."""
+    with a clock that ticks once per reading (the start, each chunk with a choice, the end),
+    the TTFT is the reading at the "a" chunk; every chunk after the first adds one ITL gap,
+    the textless one included, and `[DONE]` none."""
     ticks = iter(range(100))
     clock = SimpleNamespace(perf_counter=lambda: float(next(ticks)))
     monkeypatch.setattr("ministream_loadtest.streaming.time", clock)
     timing = _time(httpx.MockTransport(lambda _: httpx.Response(200, content=_sse("", "a", "b"))))
-    assert timing == StreamTiming(ttft=1.0, e2e=2.0) and timing.ok
+    assert timing == StreamTiming(ttft=2.0, e2e=4.0, itl=(1.0, 1.0)) and timing.ok
     # No text at all: TTFT is the whole stream.
     ticks = iter(range(100))
     silent = _time(httpx.MockTransport(lambda _: httpx.Response(200, content=_sse("", ""))))
-    assert silent.ttft == silent.e2e == 1.0
+    assert silent.ttft == silent.e2e == 3.0
 
 
 def test_a_failure_names_its_status_or_error() -> None:
@@ -53,3 +60,10 @@ def test_ttft_percentiles_leave_failures_out() -> None:
     p50, p99 = ttft_percentiles_s([*timings, StreamTiming(failure="500")])
     assert p50 == pytest.approx(0.2) and p99 == pytest.approx(0.298)  # numpy's linear method
     assert ttft_percentiles_s([StreamTiming(failure="500")]) == (None, None)
+
+
+def test_itl_percentiles_pool_the_gaps_of_good_timings() -> None:
+    timings = [StreamTiming(ttft=0.1, e2e=1.0, itl=(0.1, 0.3)), StreamTiming(itl=(0.2,))]
+    p50, p99 = itl_percentiles_s([*timings, StreamTiming(failure="500", itl=(9.0,))])
+    assert p50 == pytest.approx(0.2) and p99 == pytest.approx(0.298)
+    assert itl_percentiles_s([StreamTiming(ttft=0.1, e2e=0.1)]) == (None, None)

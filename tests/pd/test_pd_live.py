@@ -150,16 +150,6 @@ def _stream(url: str, body: dict[str, Any]) -> tuple[str, list[int], list[float]
     return text, ids, logprobs
 
 
-def _routable(fleet: PDFleet) -> None:
-    """Wait until the router counts both replicas healthy (its own /health checks)."""
-
-    def healthy() -> bool:
-        listed = httpx.get(f"{fleet.router.url}/workers", timeout=30).json()["workers"]
-        return len(listed) == 2 and all(w["is_healthy"] for w in listed)
-
-    wait_until(healthy, DEADLINE, 0.5, what="both replicas healthy in the router")
-
-
 def _counts(server: VLLMServer) -> dict[str, float]:
     """The replica's transfer, failure and finished-request counters, once it is idle (a
     request the router still has in flight would land in the next test's count)."""
@@ -193,7 +183,7 @@ def _numerics(choice: dict[str, Any]) -> tuple[str, list[int], list[float]]:
 def test_greedy_answers_match_the_colocated_server_and_each_is_one_transfer(
     fleet: PDFleet, vllm_server: VLLMServer
 ) -> None:
-    _routable(fleet)
+    fleet.router.wait_workers_healthy(DEADLINE)
     before = {"prefill": _counts(fleet.prefill), "decode": _counts(fleet.decode)}
     for prompt in PROMPTS:
         body = _body(fleet.model, prompt)
@@ -218,7 +208,7 @@ def test_greedy_answers_match_the_colocated_server_and_each_is_one_transfer(
 def test_streamed_answer_matches_the_colocated_server(
     fleet: PDFleet, vllm_server: VLLMServer
 ) -> None:
-    _routable(fleet)
+    fleet.router.wait_workers_healthy(DEADLINE)
     before = _counts(fleet.decode)[XFER_COUNT]
     body = _body(fleet.model, PROMPTS[0])
     _assert_same_numerics(

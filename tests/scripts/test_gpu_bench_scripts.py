@@ -312,28 +312,38 @@ def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) ->
     assert out.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [out]
 
 
-def test_committed_chart_router_matches_the_chart(tmp_path: Path) -> None:
-    """scripts/gpu/chart-router.json (the router's arguments for the GPU host, which has no
-    helm) is what `helm template` renders today."""
+@pytest.mark.parametrize(
+    ("script", "flag", "name", "key", "flag_in_router"),
+    [
+        ("bench_routing.py", "--write-chart-router", "chart-router.json", (), "--policy"),
+        ("bench_pd.py", "--write-chart-pd", "chart-pd.json", ("pd",), "--vllm-pd-disaggregation"),
+    ],
+)
+def test_committed_chart_arguments_match_the_chart(
+    tmp_path: Path,
+    script: str,
+    flag: str,
+    name: str,
+    key: tuple[str, ...],
+    flag_in_router: str,
+) -> None:
+    """scripts/gpu/chart-router.json and chart-pd.json (the chart's router and engine
+    arguments for the GPU host, which has no helm) are what `helm template` renders today."""
     tools.helm()
-    fresh = tmp_path / "chart-router.json"
+    fresh = tmp_path / name
     subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / "bench_routing.py"),
-            "--write-chart-router",
-            str(fresh),
-        ],
+        [sys.executable, str(SCRIPTS / script), flag, str(fresh)],
         capture_output=True,
         text=True,
         check=True,
     )
-    committed = json.loads((GPU_SCRIPTS / "chart-router.json").read_text())
+    committed = json.loads((GPU_SCRIPTS / name).read_text())
     assert json.loads(fresh.read_text()) == committed, (
-        "re-render: python scripts/bench_routing.py --write-chart-router "
-        "scripts/gpu/chart-router.json"
+        f"re-render: python scripts/{script} {flag} scripts/gpu/{name}"
     )
-    assert "--policy" in committed["router_args"]
+    for k in key:
+        committed = committed[k]
+    assert flag_in_router in committed["router_args"]
 
 
 # --- end to end on the CPU build (structure only) --------------------------------------
