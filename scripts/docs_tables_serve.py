@@ -1,5 +1,5 @@
-"""The serving experiments' tables (docs/benchmarks.md): routing by cache, LoRA, overload,
-soak, the SLO report."""
+"""The serving experiments' tables (docs/benchmarks.md): routing by cache, P/D
+disaggregation, LoRA, overload, soak, the SLO report."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from docs_tables import (
     load,
     num,
     row,
+    script,
 )
 
 TABLES = Registry()
@@ -89,6 +90,18 @@ def routing_h200(root: Path) -> Lines:
         rate = f"{data['workload']['rate']:g} req/s"
         lines += [_policy_row(data, p, rate) for p in ("round_robin", "cache_aware")]
         lines.append(_ratio_row(data, "cache_aware", rate))
+    return lines
+
+
+# ---------------------------------------------------------------- P/D disaggregation
+
+PD_CPU = f"{SERVE}/pd-cpu.json"
+
+
+@TABLES.table("pd-cpu", PD_CPU)
+def pd_cpu(root: Path) -> Lines:
+    """bench_pd.py's own table and verdicts, from its result file."""
+    lines: Lines = script("bench_pd").table(load(root, PD_CPU)).split("\n")
     return lines
 
 
