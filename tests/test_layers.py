@@ -41,11 +41,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "ministream_reference": {"ministream", "ministream_testkit"},
     "ministream_observability": set(),
     "ministream_testkit": {"ministream", "ministream_sidecar"},
-    # docs_tables reads the GPU scripts' report code (imported by name at run time).
+    # docs_tables reads the GPU scripts' report code (imported by name at run time); a
+    # benchmark reads vLLM's metric names from the one catalog (bench_pd: NIXL's counters).
     "scripts": {
         "ministream",
         "ministream_sidecar",
         "ministream_loadtest",
+        "ministream_observability",
         "ministream_reference",
         "ministream_testkit",
         "scripts/gpu",
