@@ -444,7 +444,7 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # P/D against colocated (scripts/bench_pd.py): one prefill and one decode gpu-1b replica
     # behind vLLM's router in P/D mode vs two colocated ones behind it in its default mode,
     # all four on the one GPU, each PD_KV_GIB (8) GiB of KV cache (--kv-cache-memory-bytes:
-    # no memory profiling among processes sharing the GPU); the long-prompt mix of the issue
+    # no memory profiling among processes sharing the GPU); a long-prompt mix
     # (4-8k tokens in, 128-256 out) with short chat turns. The chart's arguments come from
     # scripts/gpu/chart-pd.json (no helm here); vLLM 0.25.1 lacks --enable-scale-out. NIXL
     # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transport is the chart's
