@@ -16,6 +16,13 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.generation import GenerationMode
+
+# The schema loader's lazy imports, made here at collection rather than in a test: CPython
+# 3.11 counts the AST builder's recursion depth per interpreter, not per thread, so pytest
+# compiling these modules (it rewrites schemathesis, a pytest plugin) while another thread
+# compiles raises SystemError ("AST constructor recursion depth mismatch", seen once in CI).
+from schemathesis.python import asgi as _asgi  # noqa: F401
+from schemathesis.specs.openapi import schemas as _openapi_schemas  # noqa: F401
 from sidecarkit import FakeVLLM, fake_settings
 
 from ministream_sidecar.app import create_app

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,17 @@ async def stream_completion(client: httpx.AsyncClient, model: str, max_tokens: i
     return result
 
 
+def describe_streams(streams: list[Stream]) -> str:
+    """What the load's streams did, for a wait that timed out: how many ended how, and how
+    long the last ones took (a vLLM that fails every request fast is never seen in flight)."""
+    outcomes = Counter(
+        stream.error or ("done" if stream.done else f"no [DONE] ({stream.finish_reason})")
+        for stream in streams
+    )
+    last = [round(stream.ended - stream.started, 3) for stream in streams[-4:]]
+    return f"{len(streams)} streams: {dict(outcomes)}; the last four took {last} s"
+
+
 def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_server: Any) -> None:
     """Constant streaming load; a drain turns the pod unready, every in-flight stream
     completes, and the drain returns once vLLM reports nothing running, waiting or in flight.
@@ -208,7 +220,11 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
             await wait_until_async(settled, 120, 0.05, what="four streams done")
             # Awaited, not blocking: the workers must keep streaming meanwhile.
             in_flight_before = await wait_until_async(
-                in_flight, 60, 0.01, what="a request in flight in vLLM"
+                in_flight,
+                60,
+                0.01,
+                what="a request in flight in vLLM",
+                detail=lambda: describe_streams(streams),
             )
             drain_sent = time.monotonic()
             drain = asyncio.create_task(side.post("/drain"))
