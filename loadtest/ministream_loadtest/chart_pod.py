@@ -14,11 +14,16 @@ on PATH).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ministream_sidecar.client import ENV_PREFIX
 from ministream_testkit.helm import RenderError, helm_path, render
 
 DEFAULT_CHART = Path("charts/ministream")
@@ -298,3 +303,34 @@ def chart_pod(
         router_args=_router_args(docs),
         pod_labels=dict(spec["template"]["metadata"]["labels"]),
     )
+
+
+def run_prestop(
+    command: Sequence[str],
+    sidecar_port: int,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The rendered preStop `command` run as the kubelet runs it in the pod, here: this
+    interpreter standing in for the image's python3, the pod's sidecar port in
+    MINISTREAM_SIDECAR_PORT (and `env`'s variables beside it, e.g. the token). Raises
+    subprocess.TimeoutExpired after `timeout` s, as the kubelet cuts off a hook."""
+    argv = list(command)
+    if argv[0] == "python3":
+        argv[0] = sys.executable
+    return subprocess.run(
+        argv,
+        env={**os.environ, **(env or {}), f"{ENV_PREFIX}PORT": str(sidecar_port)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def drain_answer(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """What the preStop command printed on its last line: `{"drain": {...}}`, the sidecar's
+    drain (status, and the /drain body). Raises ValueError or KeyError when it printed
+    something else."""
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["drain"]
+    return answer

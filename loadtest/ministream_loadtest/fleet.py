@@ -30,7 +30,6 @@ binding would pin every TP=1 engine on the machine to the same core.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from ministream_sidecar.launcher import UpArgs, vllm_command
 from ministream_sidecar.processes import Child
 from ministream_testkit.net import free_port
 
-from .chart_pod import ChartPod
+from .chart_pod import ChartPod, drain_answer, run_prestop
 from .haproxy import Slot
 
 _SIDECAR_STOP_SECONDS = 10.0
@@ -222,14 +221,11 @@ class Pod:
         self.sidecar.stop(grace=_SIDECAR_STOP_SECONDS)
 
     def _exec_prestop(self, command: list[str], budget: float) -> subprocess.CompletedProcess[str]:
-        """Run the rendered preStop command, with this interpreter standing in for the image's
-        python3 and the pod's sidecar port in MINISTREAM_SIDECAR_PORT."""
-        if command[0] == "python3":
-            command = [sys.executable, *command[1:]]
-        env = {**os.environ, f"{client.ENV_PREFIX}PORT": str(self.slot.sidecar_port)}
-        if token := self.template.env.get(f"{client.ENV_PREFIX}TOKEN"):
-            env[f"{client.ENV_PREFIX}TOKEN"] = token
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=budget)
+        """The rendered preStop command as the kubelet runs it (`chart_pod.run_prestop`),
+        with the fleet's sidecar token if it has one."""
+        token = f"{client.ENV_PREFIX}TOKEN"
+        env = {token: self.template.env[token]} if self.template.env.get(token) else {}
+        return run_prestop(command, self.slot.sidecar_port, timeout=budget, env=env)
 
     def _run_prestop(self, budget: float) -> dict[str, Any]:
         """The rendered preStop command; cut off after `budget` seconds as the kubelet cuts
@@ -239,8 +235,7 @@ class Pod:
         result: dict[str, Any]
         try:
             proc = self._exec_prestop(command, budget)
-            lines = proc.stdout.strip().splitlines()
-            result = json.loads(lines[-1])["drain"] if lines else {"error": proc.stderr[-512:]}
+            result = drain_answer(proc) if proc.stdout.strip() else {"error": proc.stderr[-512:]}
             result["exit_code"] = proc.returncode
         except subprocess.TimeoutExpired:
             result = {"status": None, "error": f"preStop cut off after {budget:.0f}s"}

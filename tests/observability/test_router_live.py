@@ -11,11 +11,8 @@ of its own: two engines, one router, one Prometheus, shared by its tests in orde
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +22,7 @@ import httpx
 import pytest
 from promkit import PrometheusServer, ScrapeTarget
 
-from ministream_loadtest.chart_pod import ChartPod, chart_pod
+from ministream_loadtest.chart_pod import ChartPod, chart_pod, drain_answer, run_prestop
 from ministream_observability import catalog
 from ministream_sidecar.client import ENV_PREFIX
 from ministream_testkit.router import ROUTER_VALUES, RouterProcess, chart_router_args
@@ -118,22 +115,15 @@ def _load(url: str, n: int, rate: float) -> list[int | str]:
 
 
 def _prestop(fleet: Fleet) -> dict[str, Any]:
-    """The chart's rendered preStop command, as the kubelet runs it in the pod (this
-    interpreter standing in for the image's python3, the sidecar's port in its variable):
-    the sidecar's drain. Its answer (the command's last line): the sidecar's /drain body."""
-    command = list(fleet.pod.prestop_command)
-    if command[0] == "python3":
-        command[0] = sys.executable
-    port = fleet.sidecar.url.rsplit(":", 1)[1]
-    done = subprocess.run(
-        command,
-        env={**os.environ, f"{ENV_PREFIX}PORT": port},
-        capture_output=True,
-        text=True,
+    """The chart's rendered preStop command, as the kubelet runs it in the pod: the sidecar's
+    drain. Its answer: the sidecar's /drain body."""
+    done = run_prestop(
+        fleet.pod.prestop_command,
+        int(fleet.sidecar.url.rsplit(":", 1)[1]),
         timeout=fleet.pod.termination_grace_period_seconds,
     )
     assert done.returncode == 0, done.stderr
-    body: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["drain"]["body"]
+    body: dict[str, Any] = drain_answer(done)["body"]
     return body
 
 
