@@ -10,6 +10,7 @@ the pod IP (`status.podIP`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ class PDEngine:
 
     args: tuple[str, ...]
     env: dict[str, str]
+
+    @property
+    def kv_load_failure_policy(self) -> str:
+        """vLLM's `kv_load_failure_policy` in the rendered `--kv-transfer-config`."""
+        config = json.loads(self.args[self.args.index("--kv-transfer-config") + 1])
+        return str(config["kv_load_failure_policy"])
 
     def local_env(self, side_channel_port: int, ucx_ports: tuple[int, int]) -> dict[str, str]:
         """The environment of one local replica: the chart's, with the per-pod values of a
@@ -48,13 +55,15 @@ def _vllm_container(docs: list[dict[str, Any]], pool: str) -> dict[str, Any]:
     raise LookupError(f"no {pool} Deployment with a vllm container rendered")
 
 
-def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode") -> PDEngine:
+def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode", *sets: str) -> PDEngine:
     """What P/D behind the router adds to the `pool`'s vLLM container: the arguments absent
     from the same release without both (the connector's, and what the router's policy needs,
-    e.g. cache_aware's render endpoints), and the NIXL_/UCX_ variables with literal values."""
-    on = _vllm_container(render(values_files=[values]), pool)
+    e.g. cache_aware's render endpoints), and the NIXL_/UCX_ variables with literal values.
+    `sets`: `helm --set` values of both renders (`disaggregation.kvLoadFailurePolicy=...`)."""
+    on = _vllm_container(render(values_files=[values], set_args=sets), pool)
     off_docs = render(
-        values_files=[values], set_args=("disaggregation.enabled=false", "router.enabled=false")
+        values_files=[values],
+        set_args=(*sets, "disaggregation.enabled=false", "router.enabled=false"),
     )
     (off,) = [
         c

@@ -23,6 +23,13 @@ def stop_group(
         proc.wait(10)
 
 
+def kill_group(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """SIGKILL the process group `proc` leads, with no grace (a crashed or OOM-killed pod's
+    container), and reap the leader."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
 def stop_process(
     proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace_s: float = 10.0
 ) -> None:

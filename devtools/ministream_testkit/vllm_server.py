@@ -45,13 +45,14 @@ TINY_ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-e
 IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def sum_samples(metrics_text: str, name: str) -> float:
-    """The samples called `name` in Prometheus text (vLLM's /metrics), summed over labels."""
+def sum_samples(metrics_text: str, name: str, **labels: str) -> float:
+    """The samples called `name` in Prometheus text (vLLM's /metrics) whose labels include
+    `labels` (`finished_reason="error"`), summed over the rest."""
     return sum(
         sample.value
         for family in text_string_to_metric_families(metrics_text)
         for sample in family.samples
-        if sample.name == name
+        if sample.name == name and labels.items() <= sample.labels.items()
     )
 
 
