@@ -339,9 +339,16 @@ def _judge(outcomes: list[Outcome], reference: Callable[[Ask], list[int]]) -> Co
 
 
 def _wait_load(server: VLLMServer, n: int) -> None:
-    wait_until(
-        lambda: server_load(server.url) == n, DEADLINE, 0.1, what=f"{n} requests at {server.url}"
-    )
+    """Until the replica's HTTP server holds `n` requests. A GET /load that outlives its 30 s
+    (one did, the replica's engine core paused, on a loaded runner) is asked again."""
+
+    def holds() -> bool:
+        try:
+            return server_load(server.url) == n
+        except httpx.TimeoutException:
+            return False
+
+    wait_until(holds, DEADLINE, 0.1, what=f"{n} requests at {server.url}")
 
 
 def _running(fleet: PDFleet) -> None:
