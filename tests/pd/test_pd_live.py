@@ -20,7 +20,7 @@ paused), some on the decode replica waiting to pull their KV from it (the decode
 paused until the kill, so that every run has both kinds instead of whatever the timing gives).
 Under the chart's `kvLoadFailurePolicy` (`fail`) the decode replica fails those and counts the
 failed NIXL transfers; restarted with `recompute` (the chart's other value) it answers them.
-In two runs of four those pulls hung instead, until UCX reported the peer gone: that hang,
+In three runs of six those pulls hung instead, until UCX reported the peer gone: that hang,
 and only it, is an expected failure (`PullHung`, docs/fleet.md).
 Each killed replica is started again on its ports and the router takes it back. They restart
 what they kill, so the fleet stays usable, and come last: the fleet's decode replica runs
@@ -474,7 +474,7 @@ def _assert_prefill_kill(
         assert not failed, kill.summary()
 
 
-# Seen in two runs of four: the held requests' pulls neither failed nor finished until a new
+# Seen in three runs of six: the held requests' pulls neither failed nor finished until a new
 # process took the dead replica's ports minutes later (docs/fleet.md, "A replica killed
 # mid-load"). Only that hang is expected; any other failure fails the test.
 KNOWN_HANG = pytest.mark.xfail(
