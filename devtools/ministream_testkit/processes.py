@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,11 +25,60 @@ def stop_group(
         proc.wait(10)
 
 
-def kill_group(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+def kill_group(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str], gone_within: float = 30.0
+) -> list[str]:
     """SIGKILL the process group `proc` leads, with no grace (a crashed or OOM-killed pod's
-    container), and reap the leader."""
+    container), reap the leader, and wait up to `gone_within` s until every process of the
+    group is gone, as a container's are. Returns the processes still alive then, each with
+    its pending signals and where its threads wait: a survivor keeps its sockets open, so its
+    peers see no reset (empty when all are gone)."""
+    members = group_members(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+    deadline = time.monotonic() + gone_within
+    while (left := [pid for pid in members if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [where_it_waits(pid) for pid in left]
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` (read from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
+def _alive(pid: int) -> bool:
+    """Running, sleeping or stopped: neither gone nor a zombie (whose sockets are closed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def where_it_waits(pid: int) -> str:
+    """A process's name, pending signals, and each thread's state and kernel wait channel."""
+    proc = Path(f"/proc/{pid}")
+    with contextlib.suppress(OSError):
+        status = dict(
+            line.split(":", 1) for line in proc.joinpath("status").read_text().splitlines()
+        )
+        threads = []
+        for task in sorted(proc.joinpath("task").iterdir(), key=lambda t: int(t.name)):
+            with contextlib.suppress(OSError):
+                state = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+                threads.append(f"{task.name}:{state}:{task.joinpath('wchan').read_text()}")
+        return (
+            f"{pid} {status['Name'].strip()} (pending {status['ShdPnd'].strip()}, "
+            f"threads {', '.join(threads)})"
+        )
+    return f"{pid} (gone while read)"
 
 
 def stop_process(

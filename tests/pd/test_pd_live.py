@@ -20,8 +20,10 @@ paused), some on the decode replica waiting to pull their KV from it (the decode
 paused until the kill, so that every run has both kinds instead of whatever the timing gives).
 Under the chart's `kvLoadFailurePolicy` (`fail`) the decode replica fails those and counts the
 failed NIXL transfers; restarted with `recompute` (the chart's other value) it answers them.
-In three runs of six those pulls hung instead, until UCX reported the peer gone: that hang,
-and only it, is an expected failure (`PullHung`, docs/fleet.md).
+In three runs of six those pulls hung instead, until UCX reported the peer gone; in the one
+such hang seen with the sockets listed, the killed replica's worker process had outlived the
+SIGKILL and held them open. The kill now waits until every process is gone and names any
+survivor; the hang, and only it, is an expected failure (`PullHung`, docs/fleet.md).
 Each killed replica is started again on its ports and the router takes it back. They restart
 what they kill, so the fleet stays usable, and come last: the fleet's decode replica runs
 `recompute` after them, and the last one leaves the prefill replica dead.
@@ -183,7 +185,7 @@ def fleet(
         # The first request through the pair makes NIXL's handshake (the decode replica
         # fetches the prefill replica's metadata over the side channel): done here, so that
         # the tests count only their own transfers.
-        _complete(router.url, _body(fleet.model, PROMPTS[1]))
+        _handshake(router.url, _body(fleet.model, PROMPTS[1]))
         yield fleet
         replicas = {"prefill": fleet.prefill, "decode": fleet.decode}
     finally:
@@ -210,6 +212,20 @@ def _complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     choice: dict[str, Any] = response.json()["choices"][0]
     return choice
+
+
+def _handshake(url: str, body: dict[str, Any], attempts: int = 3) -> None:
+    """The pair's first request, asked again if it fails: vLLM waits 5 s for the prefill
+    replica's side channel to answer the handshake (`zmq.RCVTIMEO` in its NIXL worker), which
+    a loaded 2-core runner missed once; the request then fails with a 500 and the next one
+    handshakes anew. Each failed handshake is counted in the decode replica's failed-transfer
+    counter, hence the tests' deltas."""
+    for _ in range(attempts - 1):
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=DEADLINE)
+        if response.status_code == 200:
+            return
+        print(f"P/D handshake request failed ({response.status_code}), asking again")
+    _complete(url, body)
 
 
 def _stream(url: str, body: dict[str, Any]) -> tuple[str, list[int], list[float]]:
@@ -275,7 +291,7 @@ def test_greedy_answers_match_the_colocated_server_and_each_is_one_transfer(
         assert served == n, (pool, served)
     assert after["decode"][XFER_COUNT] - before["decode"][XFER_COUNT] == n
     assert after["prefill"][XFER_COUNT] == before["prefill"][XFER_COUNT]
-    assert after["decode"][catalog.NIXL_FAILED.name] == 0
+    assert after["decode"][catalog.NIXL_FAILED.name] == before["decode"][catalog.NIXL_FAILED.name]
 
 
 def test_streamed_answer_matches_the_colocated_server(
@@ -394,10 +410,13 @@ class PrefillKill:
         return "; ".join(f"{k}: {dict(Counter(o.label() for o in v))}" for k, v in groups.items())
 
 
-def _hold_and_kill_prefill(fleet: PDFleet, asks: tuple[Ask, ...]) -> tuple[Stream, Stream, float]:
+def _hold_and_kill_prefill(
+    fleet: PDFleet, asks: tuple[Ask, ...]
+) -> tuple[Stream, Stream, float, list[str]]:
     """Pause the decode replica's engine core and send `asks` (prefilled, then held there
     before pulling their KV), pause the prefill replica's and send them again (held inside
-    it), SIGKILL the prefill replica, resume the decode replica."""
+    it), SIGKILL the prefill replica, wait until all its processes are gone, resume the
+    decode replica. Also returns the processes that outlived the SIGKILL (`kill_group`)."""
     url, cores = fleet.router.url, (engine_core(fleet.decode), engine_core(fleet.prefill))
     cores[0].suspend()
     try:
@@ -409,33 +428,35 @@ def _hold_and_kill_prefill(fleet: PDFleet, asks: tuple[Ask, ...]) -> tuple[Strea
         _wait_load(fleet.prefill, len(asks))
         killed_at = time.monotonic()
         assert fleet.prefill.process is not None
-        kill_group(fleet.prefill.process)
+        survivors = kill_group(fleet.prefill.process)
     finally:
         for core in cores:
             with contextlib.suppress(psutil.NoSuchProcess):
                 core.resume()
-    return at_decode, at_prefill, killed_at
+    return at_decode, at_prefill, killed_at, survivors
 
 
 class PullHung(Exception):
     """The decode replica still waits, KILL_DEADLINE after the kill, on KV it was pulling
     from the dead prefill replica (vLLM's pull has no timeout of its own; it ends when UCX
-    reports the peer gone), and so do its clients."""
+    reports the peer gone), and so do its clients. The message names the prefill replica's
+    processes that outlived the SIGKILL, if any: one that did held the sockets open."""
 
 
-def _ended(streams: list[Stream], decode: VLLMServer) -> list[list[Outcome]]:
+def _ended(streams: list[Stream], decode: VLLMServer, survivors: list[str]) -> list[list[Outcome]]:
     """Each stream's outcomes, once all its clients stopped and the decode replica is idle;
     PullHung when that is not so KILL_DEADLINE after the kill, or a request went unanswered."""
     deadline = time.monotonic() + KILL_DEADLINE
+    alive = f"; outlived the SIGKILL: {survivors or 'none'}"
     try:
         ended = [s.join(max(0.0, deadline - time.monotonic())) for s in streams]
         left = max(1.0, deadline - time.monotonic())
         wait_until(lambda: _idle(decode), left, 0.5, what=f"no request running at {decode.url}")
     except TimeoutError as exc:
-        raise PullHung(str(exc)) from exc
+        raise PullHung(f"{exc}{alive}") from exc
     hung = [o for outcomes in ended for o in outcomes if o.seen is Seen.TIMED_OUT]
     if hung:
-        raise PullHung(f"{len(hung)} request(s) unanswered after {KILL_DEADLINE:g} s: {hung}")
+        raise PullHung(f"{len(hung)} unanswered after {KILL_DEADLINE:g} s: {hung}{alive}")
     return ended
 
 
@@ -444,9 +465,11 @@ def _kill_prefill_mid_load(fleet: PDFleet) -> PrefillKill:
     before = _counts(fleet.decode)
     with Stream(fleet.router.url, asks, KILL_DEADLINE) as steady:
         wait_until(lambda: steady.completed() >= len(asks), DEADLINE, what="steady answers")
-        at_decode, at_prefill, killed_at = _hold_and_kill_prefill(fleet, asks)
+        at_decode, at_prefill, killed_at, survivors = _hold_and_kill_prefill(fleet, asks)
         steady.finish_after(killed_at)
-        outcomes, held_prefill, held_decode = _ended([steady, at_prefill, at_decode], fleet.decode)
+        outcomes, held_prefill, held_decode = _ended(
+            [steady, at_prefill, at_decode], fleet.decode, survivors
+        )
     after = _counts(fleet.decode)
     delta = {name: after[name] - before[name] for name in after}
     return PrefillKill(held_prefill, held_decode, outcomes, killed_at, delta)
@@ -513,7 +536,8 @@ def _kill_decode_mid_stream(fleet: PDFleet) -> tuple[list[Outcome], float]:
         )
         killed_at = time.monotonic()
         assert fleet.decode.process is not None
-        kill_group(fleet.decode.process)
+        if survivors := kill_group(fleet.decode.process):
+            print(f"the decode replica's processes that outlived the SIGKILL: {survivors}")
         steady.finish_after(killed_at)
         return steady.join(DEADLINE), killed_at
 
