@@ -67,6 +67,9 @@ class RequestLog:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        # When the request came: the log is written once the body is sent, so a request sent
+        # after another's answer can be logged before it ("t" is that end).
+        arrived = time.time()
         if method == "GET" and path.endswith(".safetensors") and self.delay_get:
             time.sleep(self.delay_get)
         if method == "PUT" and self.delay_put:
@@ -85,6 +88,7 @@ class RequestLog:
         if self.log is not None:
             record = {
                 "t": time.time(),
+                "arrived": arrived,
                 "method": method,
                 "path": path,
                 "query": environ.get("QUERY_STRING", ""),

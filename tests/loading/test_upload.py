@@ -33,13 +33,16 @@ pytestmark = pytest.mark.network
 
 
 def _puts(s3: S3Server, prefix: str, since: int = 0) -> list[str]:
-    return [
-        r["path"].rsplit("/", 1)[1]
+    """The objects PUT under `prefix`, in the order the requests came (the log's own order is
+    the order they ended, and a PUT sent after another's answer can end first)."""
+    puts = [
+        r
         for r in s3.requests()[since:]
         if r["method"] == "PUT"
         and r["path"].startswith(f"/{BUCKET}/{prefix}/")
         and r["status"] == 200
     ]
+    return [r["path"].rsplit("/", 1)[1] for r in sorted(puts, key=lambda r: r["arrived"])]
 
 
 def test_upload_verifies_and_writes_the_manifest_last(
