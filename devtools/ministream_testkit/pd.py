@@ -82,3 +82,10 @@ def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode", *sets: str) 
         if "value" in e and e["name"].startswith(("VLLM_NIXL_", "UCX_"))
     }
     return PDEngine(tuple(added), env)
+
+
+def chart_shutdown_timeout(values: Path = PD_VALUES, pool: str = "prefill") -> int:
+    """The `--shutdown-timeout` the chart gives the `pool`'s vLLM: how long its engine keeps
+    stepping after SIGTERM (for a prefill replica, until its KV has been pulled)."""
+    args = [str(a) for a in _vllm_container(render(values_files=[values]), pool)["args"]]
+    return int(args[args.index("--shutdown-timeout") + 1])

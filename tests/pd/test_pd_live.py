@@ -11,6 +11,10 @@ vLLM's own NIXL metrics on the decode replica, none failed; the names the dashbo
 KV-transfer alert query are exported. A module of its own: two engines and a router, started
 once and shared by its tests in order.
 
+A prefill replica stopped as the kubelet stops it (SIGTERM, with the chart's
+`--shutdown-timeout`) while the decode replica has yet to pull KV it holds: it stays up until
+the pull, and the held requests are answered as the colocated server answers them.
+
 The last three kill a replica (SIGKILL of its process group, a crashed pod) under a steady
 stream of plain and streamed requests and check what the client sees: every request ends
 within the deadline, each as an answer identical to the colocated server's or as an error the
@@ -38,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -62,7 +67,7 @@ from ministream_testkit.outcomes import (
     read_stream,
     sent_after,
 )
-from ministream_testkit.pd import PD_VALUES, PDEngine, chart_pd_engine
+from ministream_testkit.pd import PD_VALUES, PDEngine, chart_pd_engine, chart_shutdown_timeout
 from ministream_testkit.processes import kill_group
 from ministream_testkit.router import RouterProcess, chart_router_args
 from ministream_testkit.vllm_server import (
@@ -148,7 +153,12 @@ def fleet(
             served_name=vllm_server.served_name,
             # The sidecar starts every pod's vLLM with load tracking (GET /load, its drain
             # counts it): the kill tests wait on it.
-            args=[*TINY_ENGINE_ARGS, *engine.args, LOAD_TRACKING_FLAG],
+            args=[
+                *TINY_ENGINE_ARGS,
+                *engine.args,
+                *("--shutdown-timeout", str(chart_shutdown_timeout(PD_VALUES, pool))),
+                LOAD_TRACKING_FLAG,
+            ],
             env={
                 **engine.local_env(SIDE_CHANNEL[pool], UCX_PORTS[pool]),
                 "VLLM_CPU_OMP_THREADS_BIND": CORE[pool],
@@ -315,6 +325,57 @@ def test_the_dashboards_nixl_series_are_exported(fleet: PDFleet) -> None:
             if line and not line.startswith("#"):
                 names.add(line.split("{", 1)[0].split(" ", 1)[0])
     assert names >= catalog.PD_ONLY, sorted(catalog.PD_ONLY - names)
+
+
+# --- A prefill replica stopped as the kubelet stops it ---------------------------------------
+
+# vLLM's engine core on SIGTERM with a shutdown timeout (vllm/v1/engine/core.py): from here it
+# keeps stepping while it has requests, finished ones whose KV waits to be pulled included.
+ENGINE_DRAINS = "[shutdown] EngineCore: start mode=drain"
+
+
+def test_a_stopped_prefill_replica_keeps_the_kv_until_the_decode_replica_pulled_it(
+    fleet: PDFleet, vllm_server: VLLMServer
+) -> None:
+    """SIGTERM, as the kubelet sends it after the preStop drain, which a prefill replica
+    passes as soon as it has answered (the KV it still holds is no HTTP request): with the
+    chart's `--shutdown-timeout`, vLLM's engine stays up until the decode replica pulled that
+    KV. The requests held on the decode replica meanwhile (its engine core paused) are
+    answered identical to the colocated server's, one transfer each, none failed; then the
+    prefill replica exits. (Routing: the leaving replica is the only prefill one here, so
+    nothing new is sent; in a cluster the router drops a pod on its deletion.)"""
+    _running(fleet)
+    reference = _references(vllm_server)
+    asks = _asks(fleet.model)
+    for ask in asks:
+        reference(ask)  # asked now: the colocated server is not part of the held window
+    before = _counts(fleet.decode)
+    prefill, decode_core = fleet.prefill, engine_core(fleet.decode)
+    assert prefill.process is not None
+    decode_core.suspend()
+    try:
+        held = Stream(fleet.router.url, asks, DEADLINE, once=True).start()
+        _wait_load(fleet.decode, len(asks))
+        assert server_load(prefill.url) == 0  # what the preStop drain counts: nothing
+        prefill.process.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: ENGINE_DRAINS in prefill.log_path.read_text(errors="replace"),
+            DEADLINE,
+            0.1,
+            what="the prefill replica's engine draining",
+        )
+        # Still up, holding the KV the decode replica (paused) has not pulled yet.
+        assert prefill.process.poll() is None, prefill.log_tail()
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            decode_core.resume()
+    outcomes = held.join(DEADLINE)
+    for o in outcomes:
+        assert o.seen is Seen.COMPLETED and list(o.ids) == reference(o.ask), o
+    prefill.process.wait(DEADLINE)
+    after = _counts(fleet.decode)
+    assert after[XFER_COUNT] - before[XFER_COUNT] == len(asks), (before, after)
+    assert after[catalog.NIXL_FAILED.name] == before[catalog.NIXL_FAILED.name], (before, after)
 
 
 # --- A replica killed mid-load ---------------------------------------------------------------
