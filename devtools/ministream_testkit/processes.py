@@ -53,13 +53,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def _state(stat: Path) -> str:
+    """The state letter (R, S, D, T, Z, ...) in a /proc `stat` file of a process or thread;
+    OSError once it is gone."""
+    return stat.read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _alive(pid: int) -> bool:
     """Running, sleeping or stopped: neither gone nor a zombie (whose sockets are closed)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return _state(Path(f"/proc/{pid}/stat")) not in ("Z", "X")
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def where_it_waits(pid: int) -> str:
@@ -72,7 +77,7 @@ def where_it_waits(pid: int) -> str:
         threads = []
         for task in sorted(proc.joinpath("task").iterdir(), key=lambda t: int(t.name)):
             with contextlib.suppress(OSError):
-                state = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+                state = _state(task.joinpath("stat"))
                 threads.append(f"{task.name}:{state}:{task.joinpath('wchan').read_text()}")
         return (
             f"{pid} {status['Name'].strip()} (pending {status['ShdPnd'].strip()}, "
