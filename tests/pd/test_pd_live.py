@@ -128,7 +128,7 @@ class PDFleet:
 
     def restart(self, pool: str, engine: PDEngine | None = None) -> None:
         """The pool's replica, stopped if it runs, started again on its ports, with `engine`
-        (default: the one it had)."""
+        (default: the one it had), and the pair's new handshake made."""
         old: VLLMServer = getattr(self, pool)
         old.stop()
         engine = engine or self.engine[pool]
@@ -136,6 +136,24 @@ class PDFleet:
         setattr(self, pool, new)
         self.engine[pool] = engine
         new.start().wait_healthy()
+        self.handshake()
+
+    def handshake(self, attempts: int = 3) -> None:
+        """A pair's first request makes NIXL's handshake (the decode replica fetches the
+        prefill replica's metadata over the side channel), made here so that the tests count
+        only their own transfers; asked again if it fails: vLLM waits 5 s for the side channel
+        to answer (`zmq.RCVTIMEO` in its NIXL worker), which a loaded 2-core runner missed
+        once; the request then fails with a 500 and the next one handshakes anew. Each failed
+        handshake is counted in the decode replica's failed-transfer counter, hence the
+        tests' deltas."""
+        self.router.wait_workers_healthy(DEADLINE)
+        ask = Ask(_body(self.model, PROMPTS[1]))
+        for _ in range(attempts):
+            outcome = attempt(self.router.url, ask, DEADLINE)
+            if outcome.seen is Seen.COMPLETED:
+                return
+            print(f"P/D handshake request failed ({outcome.label()}), asking again")
+        raise AssertionError(f"the pair's first request failed {attempts} times: {outcome}")
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +163,7 @@ def fleet(
     tools.python_module("nixl", "NIXL is not installed: run `make setup-test` (the `pd` extra)")
     workdir = tmp_path_factory.mktemp("pd-live")
     starts = itertools.count()
+    shutdown_timeout = {pool: str(chart_shutdown_timeout(PD_VALUES, pool)) for pool in CORE}
 
     def replica(pool: str, engine: PDEngine, port: int | None = None) -> VLLMServer:
         return VLLMServer(
@@ -156,7 +175,7 @@ def fleet(
             args=[
                 *TINY_ENGINE_ARGS,
                 *engine.args,
-                *("--shutdown-timeout", str(chart_shutdown_timeout(PD_VALUES, pool))),
+                *("--shutdown-timeout", shutdown_timeout[pool]),
                 LOAD_TRACKING_FLAG,
             ],
             env={
@@ -192,10 +211,7 @@ def fleet(
             {pool: engine for pool in replicas},
             replica,
         )
-        # The first request through the pair makes NIXL's handshake (the decode replica
-        # fetches the prefill replica's metadata over the side channel): done here, so that
-        # the tests count only their own transfers.
-        _handshake(router.url, _body(fleet.model, PROMPTS[1]))
+        fleet.handshake()
         yield fleet
         replicas = {"prefill": fleet.prefill, "decode": fleet.decode}
     finally:
@@ -222,20 +238,6 @@ def _complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     choice: dict[str, Any] = response.json()["choices"][0]
     return choice
-
-
-def _handshake(url: str, body: dict[str, Any], attempts: int = 3) -> None:
-    """The pair's first request, asked again if it fails: vLLM waits 5 s for the prefill
-    replica's side channel to answer the handshake (`zmq.RCVTIMEO` in its NIXL worker), which
-    a loaded 2-core runner missed once; the request then fails with a 500 and the next one
-    handshakes anew. Each failed handshake is counted in the decode replica's failed-transfer
-    counter, hence the tests' deltas."""
-    for _ in range(attempts - 1):
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=DEADLINE)
-        if response.status_code == 200:
-            return
-        print(f"P/D handshake request failed ({response.status_code}), asking again")
-    _complete(url, body)
 
 
 def _stream(url: str, body: dict[str, Any]) -> tuple[str, list[int], list[float]]:
@@ -559,7 +561,8 @@ def _assert_prefill_kill(
 
 
 # Seen in three runs of six: the held requests' pulls neither failed nor finished until a new
-# process took the dead replica's ports minutes later (docs/fleet.md, "A replica killed
+# process took the dead replica's ports minutes later; in the one such hang seen since, the
+# killed replica's worker process had outlived the SIGKILL (docs/fleet.md, "A replica killed
 # mid-load"). Only that hang is expected; any other failure fails the test.
 KNOWN_HANG = pytest.mark.xfail(
     raises=PullHung,
