@@ -99,7 +99,15 @@ from ministream_testkit.vllm_server import TINY_ENGINE_ARGS, VLLMServer, metrics
 ARMS = ("pd", "colocated")
 CLASSES = ("long", "chat", "all")
 METRICS = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "output_tok_s")
-XFER_COUNT = catalog.NIXL_XFER_TIME.name + "_count"
+# The decode replica's NIXL series a block records the change of: its transfers (each pulls
+# one request's KV), their failures, and the bytes and seconds the transfers took, whose
+# quotient is the rate the transport delivered.
+NIXL_SERIES = {
+    "nixl_transfers": catalog.NIXL_XFER_TIME.name + "_count",
+    "nixl_failed": catalog.NIXL_FAILED.name,
+    "nixl_bytes": catalog.NIXL_BYTES.name + "_sum",
+    "nixl_xfer_s": catalog.NIXL_XFER_TIME.name + "_sum",
+}
 PAYS, DOES_NOT_PAY, NOT_RESOLVED = "P/D pays", "P/D does not pay", "not resolved"
 COLOCATED_SET = "disaggregation.enabled=false"  # the same release without P/D
 KV_CPU_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -234,21 +242,21 @@ class Arm:
             r.stop()
 
 
-def chart_pd(path: str | None) -> dict[str, Any]:
-    """The chart's arguments for both arms: from `helm template` now, or from a file written
-    by `--write-chart-pd`."""
+def chart_pd(path: str | None, sets: Sequence[str] = ()) -> dict[str, Any]:
+    """The chart's arguments for both arms: from `helm template` now (with `sets`, helm --set
+    values of every render), or from a file written by `--write-chart-pd`."""
     if path:
         data: dict[str, Any] = json.loads(Path(path).read_text())
         return data
-    pools = {pool: chart_pd_engine(pool=pool) for pool in ("prefill", "decode")}
+    pools = {pool: chart_pd_engine(PD_VALUES, pool, *sets) for pool in ("prefill", "decode")}
     return {
         "pd": {
-            "router_args": chart_router_args(PD_VALUES),
+            "router_args": chart_router_args(PD_VALUES, *sets),
             "pools": {p: {"args": list(e.args), "env": e.env} for p, e in pools.items()},
         },
         "colocated": {
-            "router_args": chart_router_args(PD_VALUES, COLOCATED_SET),
-            "engine_args": chart_router_engine_args(PD_VALUES, COLOCATED_SET),
+            "router_args": chart_router_args(PD_VALUES, *sets, COLOCATED_SET),
+            "engine_args": chart_router_engine_args(PD_VALUES, *sets, COLOCATED_SET),
         },
     }
 
@@ -342,11 +350,11 @@ def tree_cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
-def _nixl(arm: Arm) -> tuple[float, float]:
+def _nixl(arm: Arm) -> dict[str, float]:
     if arm.decode is None:
-        return 0.0, 0.0
+        return dict.fromkeys(NIXL_SERIES, 0.0)
     page = metrics_text(arm.decode.url)
-    return sum_samples(page, XFER_COUNT), sum_samples(page, catalog.NIXL_FAILED.name)
+    return {key: sum_samples(page, name) for key, name in NIXL_SERIES.items()}
 
 
 def measure(
@@ -355,16 +363,15 @@ def measure(
     """One block of `requests` through `arm`'s router: per class metrics, the NIXL transfer
     counts, and the CPU the idle arm used meanwhile."""
     assert arm.router is not None
-    (xfer0, failed0), idle0 = _nixl(arm), tree_cpu_s(idle.pids())
+    nixl0, idle0 = _nixl(arm), tree_cpu_s(idle.pids())
     t0 = time.perf_counter()
     timings = asyncio.run(send_all(arm.router.url, arm.replicas[0].served_name, requests, prompts))
     wall = time.perf_counter() - t0
-    (xfer1, failed1), idle1 = _nixl(arm), tree_cpu_s(idle.pids())
+    nixl1, idle1 = _nixl(arm), tree_cpu_s(idle.pids())
     return {
         "wall_s": wall,
         "classes": class_metrics(requests, timings, wall),
-        "nixl_transfers": xfer1 - xfer0,
-        "nixl_failed": failed1 - failed0,
+        **{key: nixl1[key] - nixl0[key] for key in NIXL_SERIES},
         "idle_arm_cpu_s": idle1 - idle0,
     }
 
@@ -448,8 +455,14 @@ def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per arm and class the median over rounds; per class the ratios and the verdict."""
     arms: dict[str, Any] = {}
     for arm in ARMS:
-        arms[arm] = {"nixl_transfers": sum(r[arm]["nixl_transfers"] for r in rounds)}
-        arms[arm]["nixl_failed"] = sum(r[arm]["nixl_failed"] for r in rounds)
+        # Results written before the bytes and seconds were recorded lack them.
+        arms[arm] = {
+            key: sum(r[arm][key] for r in rounds)
+            for key in NIXL_SERIES
+            if all(key in r[arm] for r in rounds)
+        }
+        seconds = arms[arm].get("nixl_xfer_s")
+        arms[arm]["nixl_gb_per_s"] = arms[arm]["nixl_bytes"] / seconds / 1e9 if seconds else None
         arms[arm]["idle_arm_cpu_share_max"] = max(
             (r[arm]["idle_arm_cpu_s"] / r[arm]["wall_s"] for r in rounds), default=None
         )
@@ -520,6 +533,12 @@ def table(result: dict[str, Any]) -> str:
             "- the idle arm's CPU while the other was measured, largest share of one core: "
             f"{max(shares):.3f}"
         )
+    pd = s["arms"]["pd"]
+    if pd.get("nixl_gb_per_s") is not None:
+        lines.append(
+            f"- KV moved by the decode replica: {pd['nixl_bytes'] / 1e9:.2f} GB in "
+            f"{pd['nixl_xfer_s']:.2f} s of transfers, {pd['nixl_gb_per_s']:.2f} GB/s"
+        )
     return "\n".join(lines)
 
 
@@ -568,6 +587,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chart-pd", help="JSON of the chart's arguments (default: helm, now)")
     p.add_argument("--write-chart-pd", metavar="FILE", help="render them into FILE, then exit")
     p.add_argument(
+        "--set",
+        dest="chart_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a helm --set value of the chart's renders (repeatable; escape commas as \\,)",
+    )
+    p.add_argument(
         "--start-first-alone",
         action="store_true",
         help="start each arm's first replica alone, then the other (it reads its compile cache)",
@@ -603,13 +630,16 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     if args.write_chart_pd:
-        write_atomic(Path(args.write_chart_pd), json.dumps(chart_pd(None), indent=2) + "\n")
+        chart = chart_pd(None, args.chart_set)
+        write_atomic(Path(args.write_chart_pd), json.dumps(chart, indent=2) + "\n")
         return 0
     if not (args.model and args.out):
         p.error("--model and --out are required")
+    if args.chart_pd and args.chart_set:
+        p.error("--set renders the chart: render a file with it (--write-chart-pd), not both")
     if min(args.rounds, args.instances) < 1 or args.instances * args.rounds < 2:
         p.error("an interval needs two rounds (of one instance) or two instances")
-    chart = chart_pd(args.chart_pd)
+    chart = chart_pd(args.chart_pd, args.chart_set)
     result: dict[str, Any] = {
         "workload": asdict(_mix(args)),
         "instances": args.instances,

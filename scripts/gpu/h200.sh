@@ -43,7 +43,8 @@
 #   bash scripts/gpu/h200.sh pd "$OUT"         # bench_pd.py: P/D (1 prefill + 1 decode gpu-1b)
 #     vs 2 colocated gpu-1b, all four sharing the GPU (carry .whl, .whl-router and the NIXL
 #     wheel with its dependencies as .whl-pd); PD_KV_GIB, PD_RATE, PD_ROUNDS, PD_INSTANCES,
-#     PD_LIMIT, PD_ARGS
+#     PD_LIMIT, PD_ARGS, PD_CHART (the chart's arguments: chart-pd.json, or
+#     chart-pd-cuda-ipc.json with UCX's GPU transports)
 #   bash scripts/gpu/h200.sh offload "$OUT"    # kv_offload.py: native CPU KV offload on vs off
 #     (carry .whl as for coldstart); OFFLOAD_KV_GIB (GPU KV cache, default 4),
 #     OFFLOAD_GIB (CPU tier, 24), OFFLOAD_LIMIT (s, 480), OFFLOAD_ARGS (kv_offload.py flags)
@@ -447,16 +448,17 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # no memory profiling among processes sharing the GPU); a long-prompt mix
     # (4-8k tokens in, 128-256 out) with short chat turns. The chart's arguments come from
     # scripts/gpu/chart-pd.json (no helm here); vLLM 0.25.1 lacks --enable-scale-out. NIXL
-    # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transport is the chart's
-    # (tcp,self): what the GPU-to-GPU path takes is still open (docs/fleet.md).
+    # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transports are the chart's
+    # (tcp,self), or with PD_CHART=scripts/gpu/chart-pd-cuda-ipc.json its documented GPU opt-in
+    # (cuda_ipc,cuda_copy,tcp,self). vLLM's own capture sizes on every replica.
     router_wheels
     echo "== pd ($(date +%T))"
     mix=(--long 16 --chat 48 --long-in 4096:8192 --long-out 128:256 --chat-in 64:256 --chat-out 32:128)
     engine=(--dtype=bfloat16 --max-model-len=8704 --gpu-memory-utilization=0.2
-      "--kv-cache-memory-bytes=$(( ${PD_KV_GIB:-8} << 30 ))" --max-cudagraph-capture-size=64)
+      "--kv-cache-memory-bytes=$(( ${PD_KV_GIB:-8} << 30 ))")
     # shellcheck disable=SC2086  # PD_ARGS is a list of flags
     timeout -s INT -k 30 "${PD_LIMIT:-540}" python3 scripts/bench_pd.py --model $M/gpu-1b \
-      --out "$out/pd-h200.json" --chart-pd scripts/gpu/chart-pd.json "${mix[@]}" \
+      --out "$out/pd-h200.json" --chart-pd "${PD_CHART:-scripts/gpu/chart-pd.json}" "${mix[@]}" \
       "${engine[@]/#/--engine-arg=}" --without-engine-arg=--enable-scale-out --omp-bind "" \
       --start-first-alone --rounds ${PD_ROUNDS:-4} --instances ${PD_INSTANCES:-1} \
       --rate ${PD_RATE:-4} ${PD_ARGS:-} 2>&1 | tee "$out/pd.out"

@@ -127,6 +127,8 @@ def _block(bench: ModuleType, ttft: float, itl: float, transfers: int) -> dict[s
         "classes": {cls: dict(figures) for cls in bench.CLASSES},
         "nixl_transfers": transfers,
         "nixl_failed": 0,
+        "nixl_bytes": transfers * 25e6,  # 25 MB of KV a transfer
+        "nixl_xfer_s": transfers * 0.01,
         "idle_arm_cpu_s": 0.2,
     }
 
@@ -155,6 +157,8 @@ def test_ratios_pair_rounds_or_instances_and_the_table_shows_the_verdicts(
     assert itl["over"] == "rounds" and itl["n"] == 3
     assert itl["ci95"][1] < 1 and one["verdicts"]["long"] == bench.PAYS
     assert one["arms"]["pd"]["nixl_transfers"] == 12
+    assert one["arms"]["pd"]["nixl_gb_per_s"] == pytest.approx(2.5)
+    assert one["arms"]["colocated"]["nixl_gb_per_s"] is None  # no transfer, no rate
     assert one["arms"]["pd"]["idle_arm_cpu_share_max"] == pytest.approx(0.02)
     # Two instances of three rounds: one pair per instance, each its medians over rounds.
     two = bench.summarize(_rounds(bench, 2, 3))["pd_over_colocated"]["chat"]["itl_p99_s"]
@@ -169,6 +173,18 @@ def test_ratios_pair_rounds_or_instances_and_the_table_shows_the_verdicts(
     assert "| pd / colocated | chat | 3 | 0.91 [0.89, 0.93] | " in text
     assert f"- long: {bench.PAYS} (pd / colocated ITL p99 0.50 [0.49, 0.52], " in text
     assert "intervals over 3 rounds)" in text
+    assert "- KV moved by the decode replica: 0.30 GB in 0.12 s of transfers, 2.50 GB/s" in text
+
+
+def test_a_result_without_the_transfer_bytes_still_summarizes(bench: ModuleType) -> None:
+    rounds = _rounds(bench, 1, 3)
+    for row in rounds:
+        for arm in bench.ARMS:
+            del row[arm]["nixl_bytes"], row[arm]["nixl_xfer_s"]
+    summary = bench.summarize(rounds)
+    assert summary["arms"]["pd"]["nixl_transfers"] == 12
+    assert summary["arms"]["pd"]["nixl_gb_per_s"] is None
+    assert "GB/s" not in bench.table({"summary": summary, "rounds": rounds})
 
 
 def test_a_single_pair_gives_no_interval(bench: ModuleType) -> None:

@@ -312,11 +312,30 @@ def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) ->
     assert out.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [out]
 
 
+# The P/D arguments with UCX's GPU transports as well (the documented ucxTransports opt-in).
+CUDA_IPC = ("--set", r"disaggregation.nixl.ucxTransports=cuda_ipc\,cuda_copy\,tcp\,self")
+
+
 @pytest.mark.parametrize(
-    ("script", "flag", "name", "key", "flag_in_router"),
+    ("script", "flag", "name", "key", "flag_in_router", "sets"),
     [
-        ("bench_routing.py", "--write-chart-router", "chart-router.json", (), "--policy"),
-        ("bench_pd.py", "--write-chart-pd", "chart-pd.json", ("pd",), "--vllm-pd-disaggregation"),
+        ("bench_routing.py", "--write-chart-router", "chart-router.json", (), "--policy", ()),
+        (
+            "bench_pd.py",
+            "--write-chart-pd",
+            "chart-pd.json",
+            ("pd",),
+            "--vllm-pd-disaggregation",
+            (),
+        ),
+        (
+            "bench_pd.py",
+            "--write-chart-pd",
+            "chart-pd-cuda-ipc.json",
+            ("pd",),
+            "--vllm-pd-disaggregation",
+            CUDA_IPC,
+        ),
     ],
 )
 def test_committed_chart_arguments_match_the_chart(
@@ -326,20 +345,22 @@ def test_committed_chart_arguments_match_the_chart(
     name: str,
     key: tuple[str, ...],
     flag_in_router: str,
+    sets: tuple[str, ...],
 ) -> None:
-    """scripts/gpu/chart-router.json and chart-pd.json (the chart's router and engine
-    arguments for the GPU host, which has no helm) are what `helm template` renders today."""
+    """scripts/gpu/chart-router.json, chart-pd.json and chart-pd-cuda-ipc.json (the chart's
+    router and engine arguments for the GPU host, which has no helm) are what `helm template`
+    renders today."""
     tools.helm()
     fresh = tmp_path / name
     subprocess.run(
-        [sys.executable, str(SCRIPTS / script), flag, str(fresh)],
+        [sys.executable, str(SCRIPTS / script), *sets, flag, str(fresh)],
         capture_output=True,
         text=True,
         check=True,
     )
     committed = json.loads((GPU_SCRIPTS / name).read_text())
     assert json.loads(fresh.read_text()) == committed, (
-        f"re-render: python scripts/{script} {flag} scripts/gpu/{name}"
+        f"re-render: python scripts/{script} {' '.join(sets)} {flag} scripts/gpu/{name}"
     )
     for k in key:
         committed = committed[k]
