@@ -4,7 +4,7 @@
 #   scripts/setup.sh test    # the above plus Ray (multi-node tests), vllm-router, NIXL (P/D tests), the test tools, helm/kubectl, Prometheus, HAProxy,
 #                            # and the OCI tools (buildah, podman) that build and run the images
 #   scripts/setup.sh oci     # the OCI tools only (`make images`; no .venv)
-# Re-installs only when pyproject.toml or this script changed since the last run.
+# Re-installs only when pyproject.toml, this script or install-nixl.sh changed since the last run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${1:-serve}
@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.ministream-$target.stamp
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh docker/scripts/install-nixl.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> installing ministream-serving[$extras] into .venv (first run: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
@@ -32,9 +32,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # `import transformers` beside the CPU torch (docs/architecture.md §3); vLLM's CPU build needs none.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   if [ "$target" = test ]; then
-    # `import nixl` (what vLLM's NixlConnector imports) is the meta wheel `nixl`, which would also
-    # pull nixl-cu13; the `pd` extra already installed nixl-cu12, the backend it dispatches to.
-    .venv/bin/python -m pip install -q --no-deps "nixl==1.5.1"
+    # `import nixl` (what vLLM's NixlConnector imports) over the pd extra's nixl-cu12.
+    PYTHON=.venv/bin/python bash docker/scripts/install-nixl.sh
   fi
   echo "$want" > "$stamp"
 fi

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Check what an image's install step produced, in the environment of this interpreter.
 
-    check-install.py serving [--engine] [--multinode]
+    check-install.py serving [--engine] [--multinode] [--pd]
                                           the plugin, its CLI, the S3 streamer and the chart's
                                           preStop client (`python3 -m ministream_sidecar.client`)
                                           are there; with --engine also vLLM at the pinned
                                           version, with the plugin discovered through its entry
                                           point; with --multinode also Ray (package and `ray`
-                                          CLI: the chart's multi-node pods run `ray start`)
+                                          CLI: the chart's multi-node pods run `ray start`);
+                                          with --pd also NIXL as vLLM's NixlConnector imports
+                                          it (`nixl._api`, its backend and UCX loaded)
     check-install.py sidecar              the sidecar and its console script are there, and
                                           neither torch nor vLLM is importable
     check-install.py router REQUIREMENTS  vllm-router at the versions the requirements file
@@ -52,7 +54,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def check_serving(engine: bool, multinode: bool = False) -> list[str]:
+def check_serving(engine: bool, multinode: bool = False, pd: bool = False) -> list[str]:
     problems = []
     for module in ("ministream", "runai_model_streamer", "boto3"):
         if not _importable(module):
@@ -67,7 +69,18 @@ def check_serving(engine: bool, multinode: bool = False) -> list[str]:
         problems += _check_engine()
     if multinode:
         problems += _check_ray()
+    if pd:
+        problems += _check_nixl()
     return problems + _check_no_dev_packages()
+
+
+def _check_nixl() -> list[str]:
+    """The chart's P/D pools run vLLM's NixlConnector, which imports `nixl._api`'s agent."""
+    try:
+        from nixl._api import nixl_agent  # noqa: F401
+    except ImportError as e:
+        return [f"NIXL cannot be imported as vLLM imports it (`nixl._api`): {e}"]
+    return []
 
 
 def _check_ray() -> list[str]:
@@ -166,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--engine", action="store_true", help="serving: check vLLM too")
     parser.add_argument("--multinode", action="store_true", help="serving: check Ray too")
+    parser.add_argument("--pd", action="store_true", help="serving: check NIXL too")
     args = parser.parse_args(argv)
     if args.role == "router" and args.requirements is None:
         parser.error("router: name the requirements file it was installed from")
     if args.role == "serving":
-        problems = check_serving(args.engine, args.multinode)
+        problems = check_serving(args.engine, args.multinode, args.pd)
     elif args.role == "sidecar":
         problems = check_sidecar()
     else:

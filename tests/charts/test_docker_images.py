@@ -109,6 +109,10 @@ def test_images_match_what_the_chart_runs() -> None:
     assert any("check-install.py serving --engine --multinode" in r for _, r in serving)
     cpu = _instructions(DOCKER / "Dockerfile.cpu")
     assert any("install-cpu-engine.sh" in rest for op, rest in cpu if op == "RUN")
+    # The chart's P/D pools run on the CPU image too: NIXL installed and checked.
+    assert any("install-project.sh model,s3,pd" in rest for op, rest in cpu if op == "RUN")
+    assert any("install-nixl.sh --without-ep" in rest for op, rest in cpu if op == "RUN")
+    assert any("check-install.py serving --engine --pd" in r for _, r in cpu)
     assert ("ENTRYPOINT", '["python3", "-m", "vllm.entrypoints.openai.api_server"]') in serving
     # The CPU build's: the chart's command on CPU too (it sizes the KV cache, then execs vLLM).
     assert ("ENTRYPOINT", '["python3", "-m", "ministream_sidecar.serve_vllm"]') in cpu
@@ -205,13 +209,14 @@ def test_serving_install_step_keeps_the_engine(tmp_path: Path) -> None:
 
 def test_check_install_engine_half_on_the_dev_environment() -> None:
     """vLLM CPU 0.32.0 (as in the CPU image) discovers the plugin through its entry point;
-    Ray's package and CLI are found."""
+    Ray's package and CLI are found; NIXL imports as vLLM imports it."""
     spec = importlib.util.spec_from_file_location("check_install", SCRIPTS / "check-install.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module._check_engine() == []
     assert module._check_ray() == []  # the GPU image's multi-node half (Ray 2.60.0 here too)
+    assert module._check_nixl() == []  # the CPU image's P/D half (the pd extra here too)
 
 
 def test_check_install_refuses_torch_in_the_sidecar() -> None:
