@@ -126,8 +126,13 @@ bench-rollout-router: setup-test $(TINY_MODEL)/ministream_manifest.json  ## the 
 # it, 1 of the other: three engines on 2 cores), the first replacement drained and the second
 # the paired control; inPlace, so no fourth engine; prompts of 160 tokens, over one KV block
 # (vLLM's CPU block size is 128; NIXL moves whole blocks); the router's health checks given
-# 60 s as in the P/D live test (docs/loadtest.md, `--pd-pool`).
-ROLLOUT_PD := $(VENV)/bin/ministream-loadtest rollout --front router --replicas 2 --rate 2 \
+# 60 s as in the P/D live test (docs/loadtest.md, `--pd-pool`); 0.5 requests/s: one at a time a
+# request took 5-14 s through these three engines on 2 cores, and one prefill and one decode
+# replica could not keep up with 2 requests/s in `make bench-pd`; `round_robin`: under the
+# chart's `cache_aware` every request went to the first prefill pod the router discovered
+# (docs/fleet.md, "Prefill/decode disaggregation").
+ROLLOUT_PD := $(VENV)/bin/ministream-loadtest rollout --front router --replicas 2 --rate 0.5 \
+  --router-policy round_robin \
   --input-tokens 160 --rollout-mode inPlace --restarts 2 --control-restarts 1 \
   --control-endpoint-lag 6 --model $(TINY_MODEL) --served-model-name ministream-tiny \
   --chart-set 'router.extraArgs=["--health-check-timeout-secs","60"]'
