@@ -26,15 +26,17 @@ from typing import Any, Literal, get_args
 
 import httpx
 
-from ministream_observability import catalog
 from ministream_testkit.vllm_server import sum_samples
 
 PDPool = Literal["prefill", "decode"]
 PD_POOLS: tuple[PDPool, ...] = get_args(PDPool)
 # The pool that does not roll runs this many pods: the smallest fleet with both pools.
 FIXED_POOL_REPLICAS = 1
-NIXL_TRANSFERS = catalog.NIXL_XFER_TIME.name + "_count"
-NIXL_FAILED = catalog.NIXL_FAILED.name
+# vLLM's metric names, as ministream_observability.catalog lists them (a development package
+# this one may not import; test_pd_rollout_units.py holds the two equal).
+NIXL_TRANSFERS = "vllm:nixl_xfer_time_seconds_count"
+NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
 _SAMPLE_INTERVAL_S = 1.0
 
 
@@ -196,4 +198,4 @@ def paired_count(pool: str | None, metrics_text: str | None) -> float:
         return 0.0
     if pool == "decode":
         return nixl_counts(metrics_text)["transfers"]
-    return sum_samples(metrics_text, catalog.REQUEST_SUCCESS.name)
+    return sum_samples(metrics_text, REQUEST_SUCCESS)

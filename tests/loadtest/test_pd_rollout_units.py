@@ -23,6 +23,7 @@ from ministream_loadtest.pd_pools import (
     NIXL_FAILED,
     NIXL_TRANSFERS,
     PD_POOLS,
+    REQUEST_SUCCESS,
     PDPool,
     nixl_counts,
     nixl_report,
@@ -32,6 +33,7 @@ from ministream_loadtest.pd_pools import (
     pool_slots,
     warm_up,
 )
+from ministream_observability import catalog
 from ministream_testkit.helm import helm_path
 from ministream_testkit.pd import POOL_LABEL
 
@@ -133,6 +135,12 @@ vllm:nixl_xfer_time_seconds_sum{{engine="0",model_name="m"}} 0.3
 vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} 5.0
 vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} 1.0
 """
+
+
+def test_the_metric_names_are_the_catalogs() -> None:
+    assert catalog.NIXL_XFER_TIME.name + "_count" == NIXL_TRANSFERS
+    assert catalog.NIXL_FAILED.name == NIXL_FAILED
+    assert catalog.REQUEST_SUCCESS.name == REQUEST_SUCCESS
 
 
 def test_nixl_counts_and_what_each_decode_pod_gained() -> None:
