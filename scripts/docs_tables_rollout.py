@@ -198,10 +198,7 @@ def rollout_router_paired(root: Path) -> Lines:
     return _paired_table(root, ROUTER_PAIRED, {})
 
 
-ROUTER_PD = {
-    f"{SERVE}/rollout-pd-prefill.json": "prefill pool rolled",
-    f"{SERVE}/rollout-pd-decode.json": "decode pool rolled",
-}
+ROUTER_PD = {f"{SERVE}/rollout-pd-prefill.json": "prefill pool rolled"}
 
 
 def _nixl(report: dict[str, Any]) -> str:
