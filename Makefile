@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-rollout-soak bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing bench-pd soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-rollout-pd bench-rollout-soak bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing bench-pd soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,7 +73,7 @@ images:  ## build the CPU serving, sidecar and router images (+ the GPU image's 
 # Every result file records the command a person ran (docs/benchmarks.md, "How results are
 # recorded"): these targets pass it to the benchmarks unless the caller already set it.
 RESULT_TARGETS := images bench-plugin bench-convert bench-load bench-serve bench-overload soak \
-  bench-rollout-soak bench-pd
+  bench-rollout-soak bench-rollout-pd bench-pd
 $(RESULT_TARGETS): export MINISTREAM_COMMAND ?= $(strip make $(MAKECMDGOALS) $(MAKEOVERRIDES))
 
 # 12 fresh engines, one at a time (4 plugin, 4 Llama, 4 plugin for the A/A), ~70 s each on
@@ -121,6 +121,26 @@ bench-rollout-router: setup-test $(TINY_MODEL)/ministream_manifest.json  ## the 
 	  --output $(ART)/bench-serve/rollout-router-drain.json $(ROLLOUT_VLLM)
 	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT) --front router --no-drain \
 	  --output $(ART)/bench-serve/rollout-router-nodrain.json $(ROLLOUT_VLLM)
+
+# Prefill/decode disaggregation behind the router: each pool rolled in its own run (2 pods of
+# it, 1 of the other: three engines on 2 cores), the first replacement drained and the second
+# the paired control; inPlace, so no fourth engine; prompts of 160 tokens, over one KV block
+# (vLLM's CPU block size is 128; NIXL moves whole blocks); the router's health checks given
+# 60 s as in the P/D live test (docs/loadtest.md, `--pd-pool`); 0.5 requests/s: one at a time a
+# request took 5-14 s through these three engines on 2 cores, and one prefill and one decode
+# replica could not keep up with 2 requests/s in `make bench-pd`; `round_robin`: under the
+# chart's `cache_aware` every request went to the first prefill pod the router discovered
+# (docs/fleet.md, "Prefill/decode disaggregation").
+ROLLOUT_PD := $(VENV)/bin/ministream-loadtest rollout --front router --replicas 2 --rate 0.5 \
+  --router-policy round_robin \
+  --input-tokens 160 --rollout-mode inPlace --restarts 2 --control-restarts 1 \
+  --control-endpoint-lag 6 --model $(TINY_MODEL) --served-model-name ministream-tiny \
+  --chart-set 'router.extraArgs=["--health-check-timeout-secs","60"]'
+bench-rollout-pd: setup-test $(TINY_MODEL)/ministream_manifest.json  ## P/D behind vLLM's router: a drained replacement and a paired control, once per pool (prefill, decode)
+	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT_PD) --pd-pool prefill \
+	  --output $(ART)/bench-serve/rollout-pd-prefill.json $(ROLLOUT_VLLM)
+	VLLM_CPU_KVCACHE_SPACE=1 $(ROLLOUT_PD) --pd-pool decode \
+	  --output $(ART)/bench-serve/rollout-pd-decode.json $(ROLLOUT_VLLM)
 
 # Drained rollouts back to back behind both fronts, the no-drain control beside them: enough
 # rollouts and requests to see a 1-in-1 000 loss (docs/benchmarks.md, "Rollout soak"). At

@@ -4,6 +4,7 @@ behind HAProxy, under podman."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,20 +150,29 @@ ROUTER_PAIRED = {
 }
 
 
-@TABLES.table("rollout-router-paired", *ROUTER_PAIRED)
-def rollout_router_paired(root: Path) -> Lines:
+PAIRED_COLUMNS = (
+    "sent",
+    "failed",
+    "drained replacement: sent / failed",
+    "control (no drain): sent / failed",
+    "failures by cause (by pod)",
+    "router: failed tries / retries / retries exhausted / breakers opened",
+)
+
+
+def _paired_table(
+    root: Path, runs: dict[str, str], extra: dict[str, Callable[[dict[str, Any]], str]]
+) -> Lines:
+    """Runs whose replacements include drained ones and the paired control: PAIRED_COLUMNS,
+    the `extra` columns (header: the cell of a report), then the window's E2E latencies."""
     lines = header(
         "run (load average at the end)",
-        "sent",
-        "failed",
-        "drained replacement: sent / failed",
-        "control (no drain): sent / failed",
-        "failures by cause (by pod)",
-        "router: failed tries / retries / retries exhausted / breakers opened",
-        "window E2E p50 / p95 / p99",
-        align="lrrrrllr",
+        *PAIRED_COLUMNS,
+        *extra,
+        E2E_COLUMN,
+        align="lrrrrll" + "r" * (len(extra) + 1),
     )
-    for rel, label in ROUTER_PAIRED.items():
+    for rel, label in runs.items():
         r = load(root, rel)
         drained = next(x["window"] for x in r["replacements"] if x["drain"])
         control = next(x["window"] for x in r["replacements"] if not x["drain"])
@@ -176,10 +186,29 @@ def rollout_router_paired(root: Path) -> Lines:
                 f"{control['sent']} / **{control['failed']}**",
                 _causes(r),
                 _router_tries(r),
+                *(cell(r) for cell in extra.values()),
                 _pct(r["restart_window"], "e2el_ms"),
             )
         )
     return lines
+
+
+@TABLES.table("rollout-router-paired", *ROUTER_PAIRED)
+def rollout_router_paired(root: Path) -> Lines:
+    return _paired_table(root, ROUTER_PAIRED, {})
+
+
+ROUTER_PD = {f"{SERVE}/rollout-pd-prefill.json": "prefill pool rolled"}
+
+
+def _nixl(report: dict[str, Any]) -> str:
+    nixl = report["pd"]["nixl"]
+    return f"{nixl['transfers']} / {nixl['failed']}"
+
+
+@TABLES.table("rollout-router-pd", *ROUTER_PD)
+def rollout_router_pd(root: Path) -> Lines:
+    return _paired_table(root, ROUTER_PD, {"NIXL transfers / failed (decode pods)": _nixl})
 
 
 # ---------------------------------------------------------------- rolling restarts behind HAProxy

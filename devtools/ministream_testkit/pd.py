@@ -19,6 +19,7 @@ from ministream_testkit.helm import CHART, render
 
 PD_VALUES = CHART / "ci" / "pd-values.yaml"
 POOL_LABEL = "ministream.io/pool"
+NIXL_ENV_PREFIXES = ("VLLM_NIXL_", "UCX_")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,25 @@ def _vllm_container(docs: list[dict[str, Any]], pool: str) -> dict[str, Any]:
     raise LookupError(f"no {pool} Deployment with a vllm container rendered")
 
 
+def nixl_env(container: dict[str, Any]) -> dict[str, str]:
+    """The rendered vLLM container's NIXL and UCX variables with literal values (those the
+    cluster fills per pod, e.g. the side-channel host, are `pod_ip_env`'s)."""
+    return {
+        e["name"]: str(e["value"])
+        for e in container.get("env", [])
+        if "value" in e and e["name"].startswith(NIXL_ENV_PREFIXES)
+    }
+
+
+def pod_ip_env(container: dict[str, Any]) -> tuple[str, ...]:
+    """The rendered container's variables whose value is the pod's own IP (`status.podIP`)."""
+    return tuple(
+        e["name"]
+        for e in container.get("env", [])
+        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP"
+    )
+
+
 def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode", *sets: str) -> PDEngine:
     """What P/D behind the router adds to the `pool`'s vLLM container: the arguments absent
     from the same release without both (the connector's, and what the router's policy needs,
@@ -76,12 +96,7 @@ def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode", *sets: str) 
     on_args = [str(a) for a in on["args"]]
     off_args = [str(a) for a in off["args"]]
     added = [a for a in on_args if a not in off_args]
-    env = {
-        e["name"]: str(e["value"])
-        for e in on.get("env", [])
-        if "value" in e and e["name"].startswith(("VLLM_NIXL_", "UCX_"))
-    }
-    return PDEngine(tuple(added), env)
+    return PDEngine(tuple(added), nixl_env(on))
 
 
 def chart_shutdown_timeout(values: Path = PD_VALUES, pool: str = "prefill") -> int:

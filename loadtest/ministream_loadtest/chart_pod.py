@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from ministream_sidecar.client import ENV_PREFIX
 from ministream_testkit.helm import RenderError, helm_path, render
+from ministream_testkit.pd import POOL_LABEL, nixl_env, pod_ip_env
 
 DEFAULT_CHART = Path("charts/ministream")
 # Kubernetes' defaults for probe fields the chart leaves unset (the API server fills them in).
@@ -115,6 +116,12 @@ class ChartPod:
     router_args: tuple[str, ...] = ()
     # The serving pod's labels (what the router's selector and the Service match).
     pod_labels: dict[str, str] = field(default_factory=dict)
+    # With `disaggregation.enabled`: the pool this pod belongs to (`ministream.io/pool`), the
+    # vLLM container's literal NIXL/UCX environment, and the variables the cluster fills with
+    # the pod's own IP (`status.podIP`, e.g. NIXL's side-channel host).
+    pool: str | None = None
+    vllm_env: dict[str, str] = field(default_factory=dict)
+    pod_ip_env: tuple[str, ...] = ()
 
     @property
     def probes(self) -> tuple[ProbeSpec, ProbeSpec, ProbeSpec]:
@@ -173,13 +180,21 @@ def _component(doc: dict[str, Any]) -> str | None:
     return doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
 
 
-def _serving_deployment(docs: list[dict[str, Any]], chart: Path) -> dict[str, Any]:
-    """The serving pods' Deployment (with `router.enabled` the router's is rendered too)."""
+def _serving_deployment(
+    docs: list[dict[str, Any]], chart: Path, pool: str | None = None
+) -> dict[str, Any]:
+    """The serving pods' Deployment (with `router.enabled` the router's is rendered too); with
+    `disaggregation.enabled` the `pool`'s (prefill or decode)."""
     deployments = [
-        d for d in docs if d.get("kind") == "Deployment" and _component(d) != ROUTER_COMPONENT
+        d
+        for d in docs
+        if d.get("kind") == "Deployment"
+        and _component(d) != ROUTER_COMPONENT
+        and (pool is None or d["metadata"].get("labels", {}).get(POOL_LABEL) == pool)
     ]
     if len(deployments) != 1:
-        raise ChartError(f"expected one serving Deployment from {chart}, got {len(deployments)}")
+        what = f"{pool} Deployment" if pool else "serving Deployment"
+        raise ChartError(f"expected one {what} from {chart}, got {len(deployments)}")
     return deployments[0]
 
 
@@ -268,9 +283,12 @@ def chart_pod(
     values_files: Sequence[Path] = (),
     sets: dict[str, Any] | None = None,
     helm: str | None = None,
+    pool: str | None = None,
 ) -> ChartPod:
+    """The rendered serving pod; `pool`: with `disaggregation.enabled`, the prefill or decode
+    Deployment's."""
     docs = render_documents(chart, values_files, sets, helm)
-    deployment = _serving_deployment(docs, chart)
+    deployment = _serving_deployment(docs, chart, pool)
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
     vllm, sidecar = _container(pod, "vllm"), _container(pod, "sidecar")
@@ -302,6 +320,9 @@ def chart_pod(
         sidecar_settings=settings,
         router_args=_router_args(docs),
         pod_labels=dict(spec["template"]["metadata"]["labels"]),
+        pool=pool,
+        vllm_env=nixl_env(vllm),
+        pod_ip_env=pod_ip_env(vllm),
     )
 
 

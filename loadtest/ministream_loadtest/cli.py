@@ -9,7 +9,8 @@
                             [--rollout-mode surge|inPlace] [--restarts K]
                             [--rate R] [--duration S] [--endpoint-lag S]
                             [--runtime process|podman]
-                            [--front haproxy|router [--router-policy POLICY]] [-- VLLM_ARGS...]
+                            [--front haproxy|router [--router-policy POLICY]
+                             [--pd-pool prefill|decode]] [-- VLLM_ARGS...]
     ministream-loadtest overload --model DIR --output FILE.json [--levels 1,2,5]
                             [--level-seconds S] [--chart-set KEY=JSON ...] [-- VLLM_ARGS...]
     ministream-loadtest soak --model DIR --output FILE.json [--minutes M] [--rate R]
@@ -41,6 +42,7 @@ from .chart_pod import ChartError
 from .engine import MAIN_RUN_MARKER, Slo, run_engine, run_engines_together
 from .fronts import FrontKind
 from .kube_play import KubePlayError
+from .pd_pools import FIXED_POOL_REPLICAS, PD_POOLS
 from .rollout import RolloutConfig, Runtime
 from .scenarios import Scenario, Sweep, load_scenario, resolve_scenario, shipped_names
 
@@ -221,6 +223,16 @@ def _add_rollout_parser(sub: Subparsers) -> None:
         "--router-policy",
         help="with --front router: the router's --policy (the chart's router.policy; default: "
         "the chart's)",
+    )
+    ro.add_argument(
+        "--pd-pool",
+        choices=PD_POOLS,
+        help="with --front router: prefill/decode disaggregation (the chart's "
+        "disaggregation.enabled): roll this pool's --replicas pods while the other pool runs "
+        f"{FIXED_POOL_REPLICAS}; each pod on a loopback address of its own with its pool's "
+        "rendered vLLM arguments and NIXL environment, found by the router's own discovery "
+        "through the chart's pool selectors; the report adds the decode pods' NIXL transfer "
+        "and failure counts",
     )
 
 
@@ -551,6 +563,8 @@ def _check_front(args: argparse.Namespace) -> None:
     if args.front != "router":
         if args.router_policy:
             raise SystemExit("--router-policy needs --front router")
+        if args.pd_pool:
+            raise SystemExit("--pd-pool needs --front router (P/D pools are paired by the router)")
         return
     if args.runtime != "process":
         raise SystemExit("--front router runs with --runtime process (podman pods: not tried)")
@@ -590,6 +604,7 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         duration=args.duration,
         front=args.front,
         router_policy=args.router_policy,
+        pd_pool=args.pd_pool,
     )
     report = run_rollout(cfg)
     window = report["restart_window"]
@@ -608,6 +623,7 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
                     if "router_counters" in report["front"]
                     else {}
                 ),
+                **({"pd": _pd_summary(report["pd"])} if "pd" in report else {}),
                 "replacements": [
                     f"{r['old']} -> {r['new']} ({'drain' if r['drain'] else 'control'}): "
                     f"{r['window']['failed']} of {r['window']['sent']} failed"
@@ -625,6 +641,17 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
         print("the load ended before the rollout did: raise --duration", file=sys.stderr)
         return 1
     return 0
+
+
+def _pd_summary(pd: dict[str, Any]) -> dict[str, Any]:
+    """The P/D block of the printed summary: the rolled pool and the decode pods' NIXL
+    counts."""
+    nixl = pd["nixl"]
+    return {
+        "rolled_pool": pd["rolled_pool"],
+        "nixl_transfers": nixl["transfers"],
+        "nixl_failed": nixl["failed"],
+    }
 
 
 def cmd_bad_release(args: argparse.Namespace, vllm_args: list[str]) -> int:

@@ -73,6 +73,14 @@ def tensor_parallel_size(vllm_args: tuple[str, ...] | list[str]) -> int:
     return 1
 
 
+def loopback_address(index: int) -> str:
+    """The loopback address of the pod in slot `index`: 127.0.0.2 onwards (127.0.0.1 is the
+    machine's own, where the sidecars, the router and the stand-in API listen)."""
+    if not 0 <= index < 253:
+        raise ValueError(f"no loopback address for slot {index}")
+    return f"127.0.0.{2 + index}"
+
+
 def cpu_binding(slot_index: int, tp: int, cpus: list[int]) -> str:
     """`VLLM_CPU_OMP_THREADS_BIND` for the pod in `slot_index`: one core of its own per rank
     while the machine's `cpus` last (`"0"`, `"1"` at TP=1; `"0|1"` at TP=2); a slot beyond
@@ -112,7 +120,7 @@ class Pod:
 
     @property
     def sidecar_url(self) -> str:
-        return f"http://{self.slot.host}:{self.slot.sidecar_port}"
+        return self.slot.sidecar_url
 
     def vllm_command(self) -> list[str]:
         t = self.template
@@ -124,10 +132,16 @@ class Pod:
                 model=t.model,
                 port=self.slot.api_port,
                 sidecar_port=self.slot.sidecar_port,
-                host="127.0.0.1",
+                host=self.slot.host,
                 vllm_args=args,
             )
         )
+
+    def chart_env(self) -> dict[str, str]:
+        """The rendered vLLM container's literal NIXL/UCX variables, and those the cluster
+        sets to the pod's IP (NIXL's side-channel host) set to this slot's address."""
+        chart = self.template.chart
+        return {**chart.vllm_env, **{name: self.slot.host for name in chart.pod_ip_env}}
 
     def cpu_env(self, env: dict[str, str]) -> dict[str, str]:
         """The CPU binding this pod's slot gets (see the module docstring), unless `env`
@@ -147,7 +161,7 @@ class Pod:
     def start(self) -> Pod:
         t = self.template
         t.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **t.env}
+        env = {**os.environ, **self.chart_env(), **t.env}
         vllm_cmd = self.vllm_command()
         # Small engines that share one machine; the caller's own sizing (environment or
         # vLLM flags) wins.
@@ -159,7 +173,7 @@ class Pod:
         sidecar_env = {
             **env,
             **t.chart.sidecar_settings,
-            f"{client.ENV_PREFIX}HOST": "127.0.0.1",
+            f"{client.ENV_PREFIX}HOST": self.slot.sidecar_host or self.slot.host,
             f"{client.ENV_PREFIX}PORT": str(self.slot.sidecar_port),
             f"{client.ENV_PREFIX}VLLM_URL": self.api_url,
             f"{client.ENV_PREFIX}MODEL_NAME": t.served_name,
@@ -275,18 +289,33 @@ class Pod:
 
 
 class ProcessFleet:
-    """Runtime `process`: each pod is two local processes (`Pod`), on ports of 127.0.0.1."""
+    """Runtime `process`: each pod is two local processes (`Pod`), on ports of 127.0.0.1.
+
+    `loopback=True`: each pod has an address of its own, 127.0.0.2, 127.0.0.3, ..., as pods
+    have in a cluster, and every pod's vLLM the same port there (what the router's own
+    Kubernetes discovery needs: one port, an address per pod); NIXL's side channel
+    advertises that address. The sidecars stay on 127.0.0.1, on ports of their own, where
+    the rendered preStop command finds them."""
 
     name = "process"
 
+    def __init__(self, loopback: bool = False) -> None:
+        self.loopback = loopback
+
     def slots(self, count: int) -> list[Slot]:
-        return [Slot(i, free_port(), free_port()) for i in range(count)]
+        if not self.loopback:
+            return [Slot(i, free_port(), free_port()) for i in range(count)]
+        api_port = free_port()
+        return [
+            Slot(i, api_port, free_port(), loopback_address(i), sidecar_host="127.0.0.1")
+            for i in range(count)
+        ]
 
     def pod(self, name: str, slot: Slot, template: PodTemplate) -> Pod:
         return Pod(name, slot, template)
 
     def describe(self) -> dict[str, Any]:
-        return {"runtime": self.name}
+        return {"runtime": self.name, "addresses": "loopback" if self.loopback else "127.0.0.1"}
 
     def close(self) -> None:
         return None

@@ -57,13 +57,17 @@ def open_front(
     enabled: set[int],
     chart: ChartPod,
     discovery: Discovery = "worker-api",
+    slot_labels: Mapping[int, dict[str, str]] | None = None,
 ) -> Front:
     """The front, started, with the `enabled` slots as endpoints not yet ready; `discovery`:
-    how the router learns of them (router_front.Discovery)."""
+    how the router learns of them (router_front.Discovery); `slot_labels`: the pod labels of
+    slots whose pods are not the chart's `pod_labels` (the other P/D pool's)."""
     if kind == "router":
         from .router_front import RouterFront
 
-        router = RouterFront(workdir, slots, chart, discovery=discovery)
+        router = RouterFront(
+            workdir, slots, chart, discovery=discovery, slot_labels=dict(slot_labels or {})
+        )
         try:
             router.start()
         except BaseException:

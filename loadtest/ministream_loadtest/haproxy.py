@@ -61,10 +61,17 @@ class Slot:
     api_port: int
     sidecar_port: int
     host: str = "127.0.0.1"
+    # Where the sidecar listens when not at `host`: a local pod on its own loopback address
+    # keeps its sidecar on 127.0.0.1, where the rendered preStop command finds it.
+    sidecar_host: str | None = None
 
     @property
     def server(self) -> str:
         return f"slot{self.index}"
+
+    @property
+    def sidecar_url(self) -> str:
+        return f"http://{self.sidecar_host or self.host}:{self.sidecar_port}"
 
 
 @dataclass(frozen=True)

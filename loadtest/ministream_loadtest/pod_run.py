@@ -42,10 +42,11 @@ class PodRun:
         """The run's working folder: `workdir`, else `<report stem><suffix>` beside it."""
         return self.workdir or self.output.with_name(self.output.stem + suffix)
 
-    def render(self, sets: dict[str, Any] | None = None) -> ChartPod:
-        """The chart's pod, rendered with the run's values and `sets` on top."""
+    def render(self, sets: dict[str, Any] | None = None, pool: str | None = None) -> ChartPod:
+        """The chart's pod, rendered with the run's values and `sets` on top; `pool`: with
+        `disaggregation.enabled`, the prefill or decode pool's."""
         return chart_pod(
-            self.chart, self.chart_values, {**self.chart_sets, **(sets or {})}, self.helm
+            self.chart, self.chart_values, {**self.chart_sets, **(sets or {})}, self.helm, pool
         )
 
     def template(self, chart: ChartPod, log_dir: Path) -> PodTemplate:

@@ -19,6 +19,11 @@ A paired control (`control_restarts`): the last K replacements of the same run s
 preStop drain (and may use their own endpoint lag), so the drained and the undrained
 replacements share one fleet, one load and one machine state; the report splits the
 restart window per replacement and traces every failure to a pod.
+
+Prefill/decode disaggregation (`pd_pool`, router front only): the chart rendered with
+`disaggregation.enabled`, one pool rolled as above and the other kept at one pod, every pod
+on a loopback address of its own with its pool's rendered vLLM arguments and NIXL
+environment, the router's own discovery finding each pool by its selector (pd_pools.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,17 @@ from .engine import ENGINE_NAME, EngineProcess, LoadSpec
 from .fleet import Pod, ProcessFleet
 from .fronts import Front, FrontKind, front_chart_values, open_front
 from .haproxy import Slot, StateWatcher
+from .pd_pools import (
+    NixlSampler,
+    PDPool,
+    PoolSlots,
+    other_pool,
+    paired_count,
+    pd_chart_values,
+    pool_slots,
+    scrape,
+    warm_up,
+)
 from .pod_run import PodRun
 from .records import RequestRecord, load_records
 from .rollout_plan import Replacement, drain_summary, max_load_seconds, replacement_plan
@@ -71,6 +87,7 @@ class RolloutConfig:
     runtime: Runtime = "process"
     front: FrontKind = "haproxy"  # what takes the load: a Service (HAProxy) or vLLM's router
     router_policy: str | None = None  # the router's --policy; None: the chart's router.policy
+    pd_pool: PDPool | None = None  # P/D: the pool that rolls (the other runs one pod)
 
 
 def _say(message: str) -> None:
@@ -86,6 +103,8 @@ class Rollout:
             raise ValueError("--replicas must be at least 1")
         self.cfg = cfg
         run = cfg.pod
+        if cfg.pd_pool and (cfg.front != "router" or cfg.runtime != "process"):
+            raise ValueError("--pd-pool needs --front router and --runtime process")
         if cfg.front == "router":
             from .router_front import require_router
 
@@ -93,11 +112,13 @@ class Rollout:
         sets: dict[str, Any] = front_chart_values(cfg.front, cfg.router_policy)
         if cfg.rollout_mode:
             sets["rollout.mode"] = cfg.rollout_mode
+        if cfg.pd_pool:
+            sets.update(pd_chart_values(cfg.pd_pool, cfg.replicas))
         if cfg.runtime == "podman":
             from .podman_fleet import podman_chart_values
 
             sets.update(podman_chart_values(run.model, run.served_name, run.vllm_args, {}))
-        self.chart = run.render(sets)
+        self.chart = run.render(sets, pool=cfg.pd_pool)
         self.mode: RolloutMode = self.chart.rollout_mode
         self.restarts = cfg.replicas if cfg.restarts is None else cfg.restarts
         if not 1 <= self.restarts <= cfg.replicas:
@@ -120,10 +141,24 @@ class Rollout:
                 run.chart, run.chart_values, {**run.chart_sets, **sets}, run.helm, self.workdir
             )
         else:
-            self.fleet = ProcessFleet()
+            self.fleet = ProcessFleet(loopback=cfg.pd_pool is not None)
         n_slots = cfg.replicas + (1 if self.mode == "surge" else 0)
-        self.slots = self.fleet.slots(n_slots)
         self.template = run.template(self.chart, self.workdir / "pods")
+        # P/D: the other pool's pods, in slots of their own that never roll.
+        self.pools: PoolSlots | None = None
+        self.fixed_template = self.template
+        if cfg.pd_pool:
+            self.pools = pool_slots(cfg.pd_pool, n_slots)
+            fixed_chart = run.render(sets, pool=other_pool(cfg.pd_pool))
+            self.fixed_template = run.template(fixed_chart, self.workdir / "pods")
+            all_slots = self.fleet.slots(self.pools.count)
+            self.fixed_slots = [all_slots[i] for i in self.pools.fixed]
+            self.slots = [all_slots[i] for i in self.pools.rolling]
+        else:
+            self.fixed_slots = []
+            self.slots = self.fleet.slots(n_slots)
+        self.nixl: NixlSampler | None = None
+        self.warm_up: dict[str, Any] | None = None
         self.pods: list[Pod] = []
         self.slot_owner: dict[int, Pod] = {}
         self.released: set[str] = set()  # pods whose endpoint removal has happened
@@ -234,23 +269,76 @@ class Rollout:
     def _start_fleet(self) -> list[Pod]:
         """The front with every replica's endpoint, then the replicas, until all are in
         service."""
-        enabled = set(range(self.cfg.replicas))
-        self.front = open_front(self.cfg.front, self.workdir, self.slots, enabled, self.chart)
+        slots = [*self.fixed_slots, *self.slots]
+        enabled = {s.index for s in [*self.fixed_slots, *self.slots[: self.cfg.replicas]]}
+        self.front = open_front(
+            self.cfg.front,
+            self.workdir,
+            slots,
+            enabled,
+            self.chart,
+            discovery="kube-api" if self.pools else "worker-api",
+            slot_labels={s.index: self.fixed_template.chart.pod_labels for s in self.fixed_slots},
+        )
         self.watcher = StateWatcher(self.front).start()
+        pools = f"{self.cfg.pd_pool} pool rolls, " if self.cfg.pd_pool else ""
         _say(
-            f"{self.front.name} on {self.front.url}; {len(self.slots)} slots, rollout mode "
+            f"{self.front.name} on {self.front.url}; {len(slots)} slots, {pools}rollout mode "
             f"{self.mode}, {drain_summary(self.restarts, self.controls)}; logs in "
             f"{self.workdir}"
         )
+        fixed = [
+            self.fleet.pod(self._pod_name(f"v1-{i}", fixed=True), slot, self.fixed_template)
+            for i, slot in enumerate(self.fixed_slots)
+        ]
         old = []
         for i in range(self.cfg.replicas):
-            pod = self.fleet.pod(f"v1-{i}", self.slots[i], self.template)
-            self.pods.append(pod)
-            self.slot_owner[i] = pod
-            old.append(pod.start())
-        for pod in old:
+            pod = self.fleet.pod(self._pod_name(f"v1-{i}"), self.slots[i], self.template)
+            self.slot_owner[self.slots[i].index] = pod
+            old.append(pod)
+        for pod in [*fixed, *old]:
+            self.pods.append(pod.start())
+        for pod in [*fixed, *old]:
             self._wait_pod_ready(pod)
+        if self.pools:
+            self._warm_up_pd()
         return old
+
+    def _pod_name(self, name: str, fixed: bool = False) -> str:
+        """P/D: a pod's name carries its pool (`prefill-v1-0`)."""
+        pool = self.cfg.pd_pool
+        if pool is None:
+            return name
+        return f"{other_pool(pool) if fixed else pool}-{name}"
+
+    def _decode_pods(self) -> list[tuple[str, str]]:
+        return [(p.name, p.api_url) for p in self.pods if p.template.chart.pool == "decode"]
+
+    def _warm_up_pd(self) -> None:
+        """Every pod of both pools serves once before the load (each pair's NIXL handshake),
+        then the decode pods' NIXL counters are read from here on."""
+        running = [p for p in self.pods if not p.exited]
+
+        def counts() -> list[float]:
+            return [paired_count(p.template.chart.pool, scrape(p.api_url)) for p in running]
+
+        ready = counts()
+
+        def warm() -> bool:
+            return all(now > then for now, then in zip(counts(), ready, strict=True))
+
+        self.warm_up = warm_up(
+            self.front_url, self.cfg.pod.served_name, self.cfg.input_tokens, warm, 8 * len(running)
+        )
+        _say(f"P/D fleet warm: {self.warm_up['sent']} requests ({self.warm_up['failed']} failed)")
+        self.nixl = NixlSampler(self._decode_pods)
+        self.nixl.baseline()
+        self.nixl.start()
+
+    @property
+    def front_url(self) -> str:
+        assert self.front is not None
+        return self.front.url
 
     def _load_spec(self, duration: float) -> LoadSpec:
         cfg, run = self.cfg, self.cfg.pod
@@ -276,7 +364,7 @@ class Rollout:
         timeout = self.cfg.pod.startup_timeout
         t_start = time.perf_counter()
         for i, (drain, lag) in enumerate(self.plan):
-            old_pod, new_name = old[i], f"v2-{i}"
+            old_pod, new_name = old[i], self._pod_name(f"v2-{i}")
             start = t_start if i == 0 else time.perf_counter()
             self.replacements.append(Replacement(old_pod.name, new_name, drain, lag, start))
             if self.mode == "surge":
@@ -306,9 +394,9 @@ class Rollout:
         )
         self._engine = engine.start()
         _say(
-            f"all {cfg.replicas} pods ready (cold start {cold:.1f}s); load: {cfg.rate:g} "
-            f"requests/s through {ENGINE_NAME} until {cfg.tail:g}s after the rollout "
-            f"(at most {spec.num_prompts} requests)"
+            f"all {len(old) + len(self.fixed_slots)} pods ready (cold start {cold:.1f}s); "
+            f"load: {cfg.rate:g} requests/s through {ENGINE_NAME} until {cfg.tail:g}s after "
+            f"the rollout (at most {spec.num_prompts} requests)"
         )
         self.t0 = engine.wait_main_run(timeout=900)
         time.sleep(cfg.lead_in)
@@ -320,6 +408,7 @@ class Rollout:
         time.sleep(cfg.tail)
         engine.stop_arrivals()
         result = engine.wait(timeout=900)[0]
+        pd = self._pd_report()
         self._stop_load_balancer()  # flushes HAProxy's access log, reads the router's counters
         assert self.front is not None and self.watcher is not None
         self.records = load_records(
@@ -354,13 +443,30 @@ class Rollout:
                 "runtime": self.fleet.describe(),
                 "config": self._config(),
                 "artifacts_dir": str(self.workdir),
+                **({"pd": pd} if pd else {}),
             },
         )
         return build_report(facts)
 
+    def _pd_report(self) -> dict[str, Any] | None:
+        """P/D: the rolled pool, each pool's pods, the warm-up and the decode pods' NIXL
+        counts over the load."""
+        if self.cfg.pd_pool is None or self.nixl is None:
+            return None
+        pools: dict[str, list[str]] = {}
+        for pod in self.pods:
+            pools.setdefault(str(pod.template.chart.pool), []).append(pod.name)
+        return {
+            "rolled_pool": self.cfg.pd_pool,
+            "pods_by_pool": pools,
+            "warm_up": self.warm_up,
+            "nixl": self.nixl.stop(),
+        }
+
     def _settings(self) -> dict[str, Any]:
         lag = self.cfg.endpoint_lag
         return {
+            "pd_pool": self.cfg.pd_pool,
             "drain": self.controls == 0,  # every replacement drained
             "control_restarts": self.controls,
             "rollout_mode": self.mode,
@@ -387,6 +493,8 @@ class Rollout:
         """Stop everything this run started, whatever state it is in (idempotent)."""
         if self._engine is not None:
             self._engine.kill()
+        if self.nixl is not None:
+            self.nixl.stop()
         for pod in self.pods:
             pod.kill()
         self.fleet.close()
@@ -397,6 +505,7 @@ def _snapshot(pod: Pod) -> PodSnapshot:
     return PodSnapshot(
         name=pod.name,
         server=pod.slot.server,
+        pool=pod.template.chart.pool,
         events=dict(pod.events),
         prestop=pod.prestop,
         exit_code=pod.exit_code,

@@ -34,6 +34,7 @@ class PodSnapshot:
     prestop: dict[str, Any] | None = None
     exit_code: int | None = None
     killed: bool = False
+    pool: str | None = None  # P/D: prefill or decode
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ def _pod_report(facts: RolloutFacts, pod: PodSnapshot) -> dict[str, Any]:
     ev = pod.events
     return {
         "name": pod.name,
+        **({"pool": pod.pool} if pod.pool else {}),
         "slot": pod.server,
         **{f"{k}_s": _rel(facts, ev.get(k)) for k in POD_EVENTS},
         "cold_start_s": round(ev["ready"] - ev["created"], 1) if "ready" in ev else None,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -126,6 +126,9 @@ class RouterFront:
     clock: Callable[[], float] = time.perf_counter
     name: str = "router"
     discovery: Discovery = "worker-api"
+    # kube-api: a slot's pod labels where they are not the chart's `pod_labels` (P/D: each
+    # pool's pods have their own, which the router's pool selectors match)
+    slot_labels: Mapping[int, dict[str, str]] = field(default_factory=dict)
     # (clock time, slot server, "added" | "removed: not ready" | "removed: terminating")
     discovery_events: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -173,7 +176,7 @@ class RouterFront:
     # --- the endpoints, as the orchestrator changes them ------------------------------------
     def add_endpoint(self, slot: Slot) -> None:
         """A new pod in `slot`: probed from now on, routed once Ready."""
-        urls = {"sidecar": f"http://{slot.host}:{slot.sidecar_port}", "api": self.worker_url(slot)}
+        urls = {"sidecar": slot.sidecar_url, "api": self.worker_url(slot)}
         probes = PodProbes((self.chart.readiness_probe,), urls, self.clock(), self.clock)
         if self.kube is not None:
             self._new_pod(slot)
@@ -239,7 +242,8 @@ class RouterFront:
             if old is not None:
                 self.kube.delete(old.name)
             self._generation += 1
-            pod = StandInPod(f"{slot.server}-{self._generation}", self.chart.pod_labels, slot.host)
+            labels = self.slot_labels.get(slot.index, self.chart.pod_labels)
+            pod = StandInPod(f"{slot.server}-{self._generation}", labels, slot.host)
             self.kube.apply(pod)
             self._pods[slot.index] = pod
 

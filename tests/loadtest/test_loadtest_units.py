@@ -229,7 +229,7 @@ def test_without_an_access_log_failures_are_traced_by_time() -> None:
     """Behind the router: a failure is put on the pods that were shutting down while it ran."""
     pods = [
         PodSnapshot("v1-0", "slot0", {"created": 0.0, "terminating": 50.0, "exited": 60.0}),
-        PodSnapshot("v1-1", "slot1", {"created": 0.0}),
+        PodSnapshot("v1-1", "slot1", {"created": 0.0}, pool="decode"),  # P/D: its pool
     ]
     records = [
         _record(0, 30.0, ok=False),  # before any shutdown
@@ -256,6 +256,7 @@ def test_without_an_access_log_failures_are_traced_by_time() -> None:
     assert report["failures_by_pod"] == {"none": 1, "v1-0": 1}
     assert report["failures"][1]["pods_shutting_down"] == ["v1-0"]
     assert report["access_log_check"] is None and report["front"] == {"name": "router"}
+    assert report["pods"][1]["pool"] == "decode" and "pool" not in report["pods"][0]
 
 
 def test_the_report_traces_failures_to_pods_and_splits_the_window_per_replacement() -> None:

@@ -21,6 +21,7 @@ import pytest
 from ministream_loadtest.chart_pod import chart_pod
 from ministream_loadtest.fronts import front_chart_values, open_front
 from ministream_loadtest.haproxy import Slot, StateWatcher
+from ministream_loadtest.pd_pools import PD_POOLS, pd_chart_values
 from ministream_loadtest.router_front import (
     RouterFront,
     counter_deltas,
@@ -247,6 +248,10 @@ def test_front_options_are_checked() -> None:
     assert run.returncode != 0 and "--router-policy needs --front router" in run.stderr
     run = _loadtest(*ROLLOUT, "--front", "router", "--runtime", "podman")
     assert run.returncode != 0 and "--runtime process" in run.stderr
+    run = _loadtest(*ROLLOUT, "--pd-pool", "prefill")
+    assert run.returncode != 0 and "--pd-pool needs --front router" in run.stderr
+    run = _loadtest(*ROLLOUT, "--front", "router", "--pd-pool", "both")
+    assert run.returncode == 2 and "prefill" in run.stderr and "decode" in run.stderr
 
 
 def test_a_missing_router_is_named_with_its_install_step(
@@ -258,3 +263,44 @@ def test_a_missing_router_is_named_with_its_install_step(
     monkeypatch.setattr(cli.signal, "signal", lambda *_: None)  # keep pytest's SIGTERM
     code = cli.main([*ROLLOUT, "--front", "router"])
     assert code == 2 and router_kit.INSTALL_HINT in capsys.readouterr().err
+
+
+def test_the_routers_own_discovery_pairs_the_pools_by_their_rendered_labels(
+    tmp_path: Path,
+) -> None:
+    """P/D (`--pd-pool`): the chart's router in P/D mode finds a prefill and a decode pod in
+    the stand-in API by the pools' rendered selectors, each pod published with its own
+    pool's labels (`slot_labels`), and lists each as its pool's worker."""
+    tools.vllm_router()
+    sets = {
+        **front_chart_values("router", "round_robin"),
+        **pd_chart_values("decode", 1),
+        "probes.readiness.periodSeconds": 1,
+    }
+    pools = {p: chart_pod(CHART, sets=sets, helm=helm_path(), pool=p) for p in PD_POOLS}
+    port = free_port()
+    workers = [_Worker(p, f"127.0.0.{2 + i}", port) for i, p in enumerate(pools)]
+    slots = [Slot(i, port, port, f"127.0.0.{2 + i}") for i in range(2)]
+    front = open_front(
+        "router",
+        tmp_path,
+        slots,
+        {0, 1},
+        pools["decode"],
+        discovery="kube-api",
+        slot_labels={0: pools["prefill"].pod_labels},
+    )
+    watcher = StateWatcher(front, interval=0.1).start()
+    try:
+        assert watcher.wait_for(lambda s: s == {"slot0": "UP", "slot1": "UP"}, 30)
+        listed = httpx.get(f"{front.url}/workers", timeout=10).json()["workers"]
+        kinds = {w["url"]: w["worker_type"] for w in listed}
+        assert kinds == {
+            f"http://127.0.0.2:{port}": "prefill",
+            f"http://127.0.0.3:{port}": "decode",
+        }
+    finally:
+        watcher.stop()
+        front.stop()
+        for w in workers:
+            w.server.shutdown()
