@@ -115,6 +115,11 @@ class Pod:
         self.killed = False
 
     @property
+    def pool(self) -> str | None:
+        """The P/D pool the chart renders this pod in; None without disaggregation."""
+        return self.template.chart.pool
+
+    @property
     def api_url(self) -> str:
         return f"http://{self.slot.host}:{self.slot.api_port}"
 

@@ -20,9 +20,9 @@ exited is reported with its last reading.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import httpx
 
@@ -76,6 +76,27 @@ def pool_slots(rolled: PDPool, rolling_slots: int) -> PoolSlots:
     fixed = tuple(range(FIXED_POOL_REPLICAS))
     rolling = tuple(range(FIXED_POOL_REPLICAS, FIXED_POOL_REPLICAS + rolling_slots))
     return PoolSlots(rolled, fixed, rolling)
+
+
+class PoolPod(Protocol):
+    """What `running_decode_pods` reads of a fleet pod (fleet.Pod)."""
+
+    name: str
+
+    @property
+    def api_url(self) -> str: ...
+
+    @property
+    def pool(self) -> str | None: ...
+
+    @property
+    def exited(self) -> bool: ...
+
+
+def running_decode_pods(pods: Iterable[PoolPod]) -> list[tuple[str, str]]:
+    """(name, API URL) of the decode pods not yet exited: what `NixlSampler` reads. An exited
+    pod's address can already serve its replacement (same slot), whose counters are not its."""
+    return [(p.name, p.api_url) for p in pods if p.pool == "decode" and not p.exited]
 
 
 def nixl_counts(metrics_text: str) -> dict[str, float]:

@@ -51,6 +51,7 @@ from .pd_pools import (
     paired_count,
     pd_chart_values,
     pool_slots,
+    running_decode_pods,
     scrape,
     warm_up,
 )
@@ -311,16 +312,13 @@ class Rollout:
             return name
         return f"{other_pool(pool) if fixed else pool}-{name}"
 
-    def _decode_pods(self) -> list[tuple[str, str]]:
-        return [(p.name, p.api_url) for p in self.pods if p.template.chart.pool == "decode"]
-
     def _warm_up_pd(self) -> None:
         """Every pod of both pools serves once before the load (each pair's NIXL handshake),
         then the decode pods' NIXL counters are read from here on."""
         running = [p for p in self.pods if not p.exited]
 
         def counts() -> list[float]:
-            return [paired_count(p.template.chart.pool, scrape(p.api_url)) for p in running]
+            return [paired_count(p.pool, scrape(p.api_url)) for p in running]
 
         ready = counts()
 
@@ -331,7 +329,7 @@ class Rollout:
             self.front_url, self.cfg.pod.served_name, self.cfg.input_tokens, warm, 8 * len(running)
         )
         _say(f"P/D fleet warm: {self.warm_up['sent']} requests ({self.warm_up['failed']} failed)")
-        self.nixl = NixlSampler(self._decode_pods)
+        self.nixl = NixlSampler(lambda: running_decode_pods(self.pods))
         self.nixl.baseline()
         self.nixl.start()
 
@@ -455,7 +453,7 @@ class Rollout:
             return None
         pools: dict[str, list[str]] = {}
         for pod in self.pods:
-            pools.setdefault(str(pod.template.chart.pool), []).append(pod.name)
+            pools.setdefault(str(pod.pool), []).append(pod.name)
         return {
             "rolled_pool": self.cfg.pd_pool,
             "pods_by_pool": pools,
@@ -505,7 +503,7 @@ def _snapshot(pod: Pod) -> PodSnapshot:
     return PodSnapshot(
         name=pod.name,
         server=pod.slot.server,
-        pool=pod.template.chart.pool,
+        pool=pod.pool,
         events=dict(pod.events),
         prestop=pod.prestop,
         exit_code=pod.exit_code,

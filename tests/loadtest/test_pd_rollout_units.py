@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from ministream_loadtest.pd_pools import (
     NIXL_TRANSFERS,
     PD_POOLS,
     REQUEST_SUCCESS,
+    NixlSampler,
     PDPool,
     nixl_counts,
     nixl_report,
@@ -31,6 +33,7 @@ from ministream_loadtest.pd_pools import (
     paired_count,
     pd_chart_values,
     pool_slots,
+    running_decode_pods,
     warm_up,
 )
 from ministream_observability import catalog
@@ -160,6 +163,62 @@ def test_nixl_counts_and_what_each_decode_pod_gained() -> None:
         "decode-v2-0": {"transfers": 4, "failed": 2},
     }
     assert (report["transfers"], report["failed"]) == (11, 2)
+
+
+@dataclass
+class _FakePod:
+    name: str
+    api_url: str
+    pool: str | None
+    exited: bool = False
+
+
+@pytest.fixture
+def decode_metrics() -> Iterator[tuple[str, list[int]]]:
+    """One address's /metrics, its NIXL transfer count set by the test (`count[0]`)."""
+    count = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f'{NIXL_TRANSFERS}{{engine="0"}} {count[0]}.0\n{NIXL_FAILED} 0.0\n'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", count
+    finally:
+        server.shutdown()
+
+
+def test_a_replacement_on_the_same_address_is_not_counted_as_the_pod_it_replaced(
+    decode_metrics: tuple[str, list[int]],
+) -> None:
+    """inPlace: the new pod takes the old one's slot, so its address; the old pod keeps the
+    reading it had when it exited, and the new one counts from its own start."""
+    url, count = decode_metrics
+    old, new = _FakePod("decode-v1-0", url, "decode"), _FakePod("decode-v2-0", url, "decode")
+    pods: list[_FakePod] = [_FakePod("prefill-v1-0", "http://127.0.0.1:9", "prefill"), old]
+    sampler = NixlSampler(lambda: running_decode_pods(pods))
+    count[0] = 5
+    sampler.baseline()
+    count[0] = 12
+    sampler.sample()
+    old.exited = True
+    pods.append(new)
+    count[0] = 3  # the replacement's own counter
+    report = sampler.stop()
+    assert report["per_decode_pod"] == {
+        "decode-v1-0": {"transfers": 7, "failed": 0},
+        "decode-v2-0": {"transfers": 3, "failed": 0},
+    }
+    assert running_decode_pods(pods) == [("decode-v2-0", url)]
 
 
 @pytest.fixture
