@@ -11,7 +11,7 @@ the pod IP (`status.podIP`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,19 @@ class PDEngine:
         """vLLM's `kv_load_failure_policy` in the rendered `--kv-transfer-config`."""
         config = json.loads(self.args[self.args.index("--kv-transfer-config") + 1])
         return str(config["kv_load_failure_policy"])
+
+    def with_kv_extra(self, **extra: Any) -> PDEngine:
+        """The same replica with `extra` merged into its `--kv-transfer-config`'s
+        `kv_connector_extra_config`."""
+        args = list(self.args)
+        i = args.index("--kv-transfer-config") + 1
+        config = json.loads(args[i])
+        config["kv_connector_extra_config"] = {
+            **config.get("kv_connector_extra_config", {}),
+            **extra,
+        }
+        args[i] = json.dumps(config)
+        return replace(self, args=tuple(args))
 
     def local_env(self, side_channel_port: int, ucx_ports: tuple[int, int]) -> dict[str, str]:
         """The environment of one local replica: the chart's, with the per-pod values of a

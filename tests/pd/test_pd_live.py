@@ -112,6 +112,12 @@ DEADLINE = 300.0
 # Hang detector of the kill tests: their engines are warm, and every request in flight when a
 # replica dies ends within seconds (an answer or an error) unless something waits forever.
 KILL_DEADLINE = 120.0
+# How long a prefill replica keeps KV nobody pulled (NIXL's kv_lease_duration, vLLM's default
+# 30 s, which the chart keeps). A running decode replica extends it every lease/6 s; the tests
+# that pause the decode replica's engine core stop those heartbeats, and on a loaded runner
+# one such pause outlasted 30 s, so the prefill replica released the KV before the test's
+# SIGTERM and the pull failed. Longer here, so a pause tests what it is meant to.
+KV_LEASE_S = 300
 
 
 @dataclass
@@ -185,7 +191,7 @@ def fleet(
             port=free_port() if port is None else port,
         )
 
-    engine = chart_pd_engine()
+    engine = _leased(chart_pd_engine())
     replicas = {pool: replica(pool, engine) for pool in ("prefill", "decode")}
     router: RouterProcess | None = None
     try:
@@ -219,6 +225,10 @@ def fleet(
             router.stop()
         for r in replicas.values():
             r.stop()
+
+
+def _leased(engine: PDEngine) -> PDEngine:
+    return engine.with_kv_extra(kv_lease_duration=KV_LEASE_S)
 
 
 def _body(model: str, prompt: str, **extra: Any) -> dict[str, Any]:
@@ -622,7 +632,7 @@ def test_decode_replica_killed_mid_stream(fleet: PDFleet, vllm_server: VLLMServe
     cut = [o for o in groups["in flight"] if o.ask.streamed and o.seen is not Seen.COMPLETED]
     assert cut and all(0 < len(o.ids) < LONG_TOKENS for o in cut), groups
     assert groups["after"] and all(o.seen is Seen.HTTP_ERROR for o in groups["after"]), groups
-    fleet.restart("decode", chart_pd_engine(PD_VALUES, "decode", RECOMPUTE))
+    fleet.restart("decode", _leased(chart_pd_engine(PD_VALUES, "decode", RECOMPUTE)))
     _readmitted(fleet, reference)
 
 
@@ -633,7 +643,7 @@ def test_recompute_answers_what_the_dead_prefill_replica_left_to_pull(
     """kvLoadFailurePolicy `recompute` (the chart's other value) on the decode replica: the
     requests whose KV died with the prefill replica are answered, computed on the decode
     replica, identical to the colocated server's; the failed pulls are still counted."""
-    recompute = chart_pd_engine(PD_VALUES, "decode", RECOMPUTE)
+    recompute = _leased(chart_pd_engine(PD_VALUES, "decode", RECOMPUTE))
     if fleet.engine["decode"] != recompute:  # run on its own: the previous test sets it
         fleet.restart("decode", recompute)
     _running(fleet)
