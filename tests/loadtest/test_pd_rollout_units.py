@@ -6,6 +6,7 @@ are in test_router_front.py, the report's `pool` per pod in test_loadtest_units.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -165,6 +166,17 @@ def test_nixl_counts_and_what_each_decode_pod_gained() -> None:
     assert (report["transfers"], report["failed"]) == (11, 2)
 
 
+@contextlib.contextmanager
+def _served(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server of `handler` on a free port, for the block: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
 @dataclass
 class _FakePod:
     name: str
@@ -189,12 +201,8 @@ def decode_metrics() -> Iterator[tuple[str, list[int]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", count
-    finally:
-        server.shutdown()
+    with _served(Handler) as url:
+        yield url, count
 
 
 def test_a_replacement_on_the_same_address_is_not_counted_as_the_pod_it_replaced(
@@ -239,12 +247,8 @@ def flaky_router() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
-    finally:
-        server.shutdown()
+    with _served(Handler) as url:
+        yield url, bodies
 
 
 def test_the_warm_up_asks_again_until_every_pod_served(
