@@ -11,11 +11,7 @@ vLLM's own NIXL metrics on the decode replica, none failed; the names the dashbo
 KV-transfer alert query are exported. A module of its own: two engines and a router, started
 once and shared by its tests in order.
 
-A prefill replica stopped as the kubelet stops it (SIGTERM, with the chart's
-`--shutdown-timeout`) while the decode replica has yet to pull KV it holds: it stays up until
-the pull, and the held requests are answered as the colocated server answers them.
-
-The last three kill a replica (SIGKILL of its process group, a crashed pod) under a steady
+Three tests kill a replica (SIGKILL of its process group, a crashed pod) under a steady
 stream of plain and streamed requests and check what the client sees: every request ends
 within the deadline, each as an answer identical to the colocated server's or as an error the
 client can see (an HTTP error status, a stream ending with an error event or cut short). The
@@ -29,8 +25,14 @@ such hang seen with the sockets listed, the killed replica's worker process had 
 SIGKILL and held them open. The kill now waits until every process is gone and names any
 survivor; the hang, and only it, is an expected failure (`PullHung`, docs/fleet.md).
 Each killed replica is started again on its ports and the router takes it back. They restart
-what they kill, so the fleet stays usable, and come last: the fleet's decode replica runs
-`recompute` after them, and the last one leaves the prefill replica dead.
+what they kill, so the fleet stays usable: the fleet's decode replica runs `recompute` after
+them, and the last one leaves the prefill replica dead.
+
+Last, a prefill replica stopped as the kubelet stops it (SIGTERM, with the chart's
+`--shutdown-timeout`) while the decode replica has yet to pull KV it holds: it stays up until
+the pull, and the held requests are answered as the colocated server answers them. It starts
+the prefill replica the kill tests left dead, with a KV lease that outlasts the pause it
+needs (`KV_LEASE_S`); every other replica runs the chart's.
 
 UCX's transports come from the chart (disaggregation.nixl.ucxTransports, `tcp,self`). What
 made early runs stall here was CPU starvation, not the transport: each replica now gets a core
@@ -112,11 +114,12 @@ DEADLINE = 300.0
 # Hang detector of the kill tests: their engines are warm, and every request in flight when a
 # replica dies ends within seconds (an answer or an error) unless something waits forever.
 KILL_DEADLINE = 120.0
-# How long a prefill replica keeps KV nobody pulled (NIXL's kv_lease_duration, vLLM's default
-# 30 s, which the chart keeps). A running decode replica extends it every lease/6 s; the tests
-# that pause the decode replica's engine core stop those heartbeats, and on a loaded runner
-# one such pause outlasted 30 s, so the prefill replica released the KV before the test's
-# SIGTERM and the pull failed. Longer here, so a pause tests what it is meant to.
+# How long the stopped prefill replica keeps KV nobody pulled (NIXL's kv_lease_duration;
+# vLLM's default, 30 s, is the chart's and every other replica's here). A running decode
+# replica extends it every lease/6 s; the stop test pauses the decode replica's engine core,
+# which stops those heartbeats, and on a loaded runner one such pause outlasted 30 s, so the
+# prefill replica released the KV before the test's SIGTERM and the pull failed. Longer for
+# that test, so the pause tests the drain and not the lease.
 KV_LEASE_S = 300
 
 
@@ -191,7 +194,7 @@ def fleet(
             port=free_port() if port is None else port,
         )
 
-    engine = _leased(chart_pd_engine())
+    engine = chart_pd_engine()
     replicas = {pool: replica(pool, engine) for pool in ("prefill", "decode")}
     router: RouterProcess | None = None
     try:
@@ -337,57 +340,6 @@ def test_the_dashboards_nixl_series_are_exported(fleet: PDFleet) -> None:
             if line and not line.startswith("#"):
                 names.add(line.split("{", 1)[0].split(" ", 1)[0])
     assert names >= catalog.PD_ONLY, sorted(catalog.PD_ONLY - names)
-
-
-# --- A prefill replica stopped as the kubelet stops it ---------------------------------------
-
-# vLLM's engine core on SIGTERM with a shutdown timeout (vllm/v1/engine/core.py): from here it
-# keeps stepping while it has requests, finished ones whose KV waits to be pulled included.
-ENGINE_DRAINS = "[shutdown] EngineCore: start mode=drain"
-
-
-def test_a_stopped_prefill_replica_keeps_the_kv_until_the_decode_replica_pulled_it(
-    fleet: PDFleet, vllm_server: VLLMServer
-) -> None:
-    """SIGTERM, as the kubelet sends it after the preStop drain, which a prefill replica
-    passes as soon as it has answered (the KV it still holds is no HTTP request): with the
-    chart's `--shutdown-timeout`, vLLM's engine stays up until the decode replica pulled that
-    KV. The requests held on the decode replica meanwhile (its engine core paused) are
-    answered identical to the colocated server's, one transfer each, none failed; then the
-    prefill replica exits. (Routing: the leaving replica is the only prefill one here, so
-    nothing new is sent; in a cluster the router drops a pod on its deletion.)"""
-    _running(fleet)
-    reference = _references(vllm_server)
-    asks = _asks(fleet.model)
-    for ask in asks:
-        reference(ask)  # asked now: the colocated server is not part of the held window
-    before = _counts(fleet.decode)
-    prefill, decode_core = fleet.prefill, engine_core(fleet.decode)
-    assert prefill.process is not None
-    decode_core.suspend()
-    try:
-        held = Stream(fleet.router.url, asks, DEADLINE, once=True).start()
-        _wait_load(fleet.decode, len(asks))
-        assert server_load(prefill.url) == 0  # what the preStop drain counts: nothing
-        prefill.process.send_signal(signal.SIGTERM)
-        wait_until(
-            lambda: ENGINE_DRAINS in prefill.log_path.read_text(errors="replace"),
-            DEADLINE,
-            0.1,
-            what="the prefill replica's engine draining",
-        )
-        # Still up, holding the KV the decode replica (paused) has not pulled yet.
-        assert prefill.process.poll() is None, prefill.log_tail()
-    finally:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            decode_core.resume()
-    outcomes = held.join(DEADLINE)
-    for o in outcomes:
-        assert o.seen is Seen.COMPLETED and list(o.ids) == reference(o.ask), o
-    prefill.process.wait(DEADLINE)
-    after = _counts(fleet.decode)
-    assert after[XFER_COUNT] - before[XFER_COUNT] == len(asks), (before, after)
-    assert after[catalog.NIXL_FAILED.name] == before[catalog.NIXL_FAILED.name], (before, after)
 
 
 # --- A replica killed mid-load ---------------------------------------------------------------
@@ -632,7 +584,7 @@ def test_decode_replica_killed_mid_stream(fleet: PDFleet, vllm_server: VLLMServe
     cut = [o for o in groups["in flight"] if o.ask.streamed and o.seen is not Seen.COMPLETED]
     assert cut and all(0 < len(o.ids) < LONG_TOKENS for o in cut), groups
     assert groups["after"] and all(o.seen is Seen.HTTP_ERROR for o in groups["after"]), groups
-    fleet.restart("decode", _leased(chart_pd_engine(PD_VALUES, "decode", RECOMPUTE)))
+    fleet.restart("decode", chart_pd_engine(PD_VALUES, "decode", RECOMPUTE))
     _readmitted(fleet, reference)
 
 
@@ -643,7 +595,7 @@ def test_recompute_answers_what_the_dead_prefill_replica_left_to_pull(
     """kvLoadFailurePolicy `recompute` (the chart's other value) on the decode replica: the
     requests whose KV died with the prefill replica are answered, computed on the decode
     replica, identical to the colocated server's; the failed pulls are still counted."""
-    recompute = _leased(chart_pd_engine(PD_VALUES, "decode", RECOMPUTE))
+    recompute = chart_pd_engine(PD_VALUES, "decode", RECOMPUTE)
     if fleet.engine["decode"] != recompute:  # run on its own: the previous test sets it
         fleet.restart("decode", recompute)
     _running(fleet)
@@ -651,3 +603,57 @@ def test_recompute_answers_what_the_dead_prefill_replica_left_to_pull(
     kill = _kill_prefill_mid_load(fleet)
     print(f"prefill killed ({recompute.kv_load_failure_policy}): {kill.summary()}")
     _assert_prefill_kill(kill, recompute.kv_load_failure_policy, reference)
+
+
+# --- A prefill replica stopped as the kubelet stops it ---------------------------------------
+
+# vLLM's engine core on SIGTERM with a shutdown timeout (vllm/v1/engine/core.py): from here it
+# keeps stepping while it has requests, finished ones whose KV waits to be pulled included.
+ENGINE_DRAINS = "[shutdown] EngineCore: start mode=drain"
+
+
+def test_a_stopped_prefill_replica_keeps_the_kv_until_the_decode_replica_pulled_it(
+    fleet: PDFleet, vllm_server: VLLMServer
+) -> None:
+    """SIGTERM, as the kubelet sends it after the preStop drain, which a prefill replica
+    passes as soon as it has answered (the KV it still holds is no HTTP request): with the
+    chart's `--shutdown-timeout`, vLLM's engine stays up until the decode replica pulled that
+    KV. The requests held on the decode replica meanwhile (its engine core paused) are
+    answered identical to the colocated server's, one transfer each, none failed; then the
+    prefill replica exits. (Routing: the leaving replica is the only prefill one here, so
+    nothing new is sent; in a cluster the router drops a pod on its deletion.) Last in the
+    module: the prefill replica the recompute test left dead is started here with the long
+    lease (`_leased`), which no other test runs."""
+    fleet.restart("prefill", _leased(fleet.engine["prefill"]))
+    _running(fleet)
+    reference = _references(vllm_server)
+    asks = _asks(fleet.model)
+    for ask in asks:
+        reference(ask)  # asked now: the colocated server is not part of the held window
+    before = _counts(fleet.decode)
+    prefill, decode_core = fleet.prefill, engine_core(fleet.decode)
+    assert prefill.process is not None
+    decode_core.suspend()
+    try:
+        held = Stream(fleet.router.url, asks, DEADLINE, once=True).start()
+        _wait_load(fleet.decode, len(asks))
+        assert server_load(prefill.url) == 0  # what the preStop drain counts: nothing
+        prefill.process.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: ENGINE_DRAINS in prefill.log_path.read_text(errors="replace"),
+            DEADLINE,
+            0.1,
+            what="the prefill replica's engine draining",
+        )
+        # Still up, holding the KV the decode replica (paused) has not pulled yet.
+        assert prefill.process.poll() is None, prefill.log_tail()
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            decode_core.resume()
+    outcomes = held.join(DEADLINE)
+    for o in outcomes:
+        assert o.seen is Seen.COMPLETED and list(o.ids) == reference(o.ask), o
+    prefill.process.wait(DEADLINE)
+    after = _counts(fleet.decode)
+    assert after[XFER_COUNT] - before[XFER_COUNT] == len(asks), (before, after)
+    assert after[catalog.NIXL_FAILED.name] == before[catalog.NIXL_FAILED.name], (before, after)
