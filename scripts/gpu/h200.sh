@@ -45,6 +45,8 @@
 #     wheel with its dependencies as .whl-pd); PD_KV_GIB, PD_RATE, PD_ROUNDS, PD_INSTANCES,
 #     PD_LIMIT, PD_ARGS, PD_CHART (the chart's arguments: chart-pd.json, or
 #     chart-pd-cuda-ipc.json with UCX's GPU transports)
+#   bash scripts/gpu/h200.sh nixl "$OUT"       # nixl_transport.py: NIXL READ GB/s per UCX_TLS,
+#     GPU and host memory, two fresh processes per pair (carry .whl-pd only; NIXL_* knobs)
 #   bash scripts/gpu/h200.sh offload "$OUT"    # kv_offload.py: native CPU KV offload on vs off
 #     (carry .whl as for coldstart); OFFLOAD_KV_GIB (GPU KV cache, default 4),
 #     OFFLOAD_GIB (CPU tier, 24), OFFLOAD_LIMIT (s, 480), OFFLOAD_ARGS (kv_offload.py flags)
@@ -71,7 +73,7 @@
 # bytecode, as the reference line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|capture|coldstart|offload|routing|pd|fp8|lora|multi [OUT]}
+step=${1:?usage: h200.sh models|bench|throughput|loaders|parity|capture|coldstart|offload|routing|pd|nixl|fp8|lora|multi [OUT]}
 base=${2:-/tmp/out}
 mkdir -p "$base"
 if [ "$step" = multi ]; then out=$base; else
@@ -464,6 +466,27 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
       --rate ${PD_RATE:-4} ${PD_ARGS:-} 2>&1 | tee "$out/pd.out"
     cp -r "$(grep -o '"logs": "[^"]*"' "$out/pd-h200.json" 2>/dev/null | cut -d'"' -f4)" "$out/logs" 2>/dev/null
     gpu_leftovers ;;
+  nixl)
+    # NIXL's KV transport alone (scripts/nixl_transport.py): a process READs another's
+    # registered buffer in 64 KiB blocks, per UCX_TLS: the chart's default (tcp,self), TCP
+    # with CUDA staging (tcp,cuda_copy,self), its documented GPU opt-in
+    # (cuda_ipc,cuda_copy,tcp,self) and UCX's own choice, in GPU memory; then host memory. Needs only the host's torch and NIXL:
+    # carry .whl-pd/ (no vLLM pack, any machine). NIXL_MIB (512), NIXL_ROUNDS (5),
+    # NIXL_INSTANCES (2), NIXL_LIMIT (s per memory kind, 240).
+    if [ ! -d /tmp/nixl-site/nixl ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nixl-site .whl-pd/*.whl
+    fi
+    export PYTHONPATH=/tmp/nixl-site:$PYTHONPATH
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+    for mem in VRAM DRAM; do
+      echo "== nixl $mem ($(date +%T))"
+      tls=(--tls tcp,self --tls auto)
+      [ "$mem" = VRAM ] && tls+=(--tls tcp,cuda_copy,self --tls cuda_ipc,cuda_copy,tcp,self)
+      timeout -k 10 "${NIXL_LIMIT:-240}" python3 scripts/nixl_transport.py --mem $mem "${tls[@]}" \
+        --total-mib ${NIXL_MIB:-512} --rounds ${NIXL_ROUNDS:-5} --instances ${NIXL_INSTANCES:-2} \
+        --out "$out/nixl-$mem.json" > "$out/nixl-$mem.log" 2>&1
+      echo "   exit $?"; grep -v " NIXL INFO " "$out/nixl-$mem.log" | tail -12
+    done ;;
   fp8)
     echo "== fp8 vs bf16 ($(date +%T))"
     # Both variants compile from an empty cache, so their engine start compares like for like.
