@@ -131,11 +131,11 @@ def one_pair(s: Setting, timeout_s: float) -> dict[str, Any]:
     for p in procs:
         p.start()
     try:
-        if not a_src.poll(timeout_s):
-            return {"error": f"the source shared nothing within {timeout_s:g} s"}
+        if not _answered(a_src, procs, timeout_s):
+            return {"error": f"the source shared nothing ({_exits(procs)})"}
         a_rd.send(a_src.recv())
-        if not a_rd.poll(timeout_s):
-            return {"error": f"no transfer ended within {timeout_s:g} s"}
+        if not _answered(a_rd, procs, timeout_s):
+            return {"error": f"no transfer ended ({_exits(procs)})"}
         return dict(a_rd.recv())
     finally:
         a_src.send("done")
@@ -143,6 +143,24 @@ def one_pair(s: Setting, timeout_s: float) -> dict[str, Any]:
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def _answered(conn: Connection, procs: list[Any], timeout_s: float) -> bool:
+    """Whether `conn` has a message within `timeout_s`; False at once when a side has died
+    (its error is on its standard error)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if conn.poll(0.2):
+            return True
+        if any(p.exitcode not in (None, 0) for p in procs):
+            return False
+    return False
+
+
+def _exits(procs: list[Any]) -> str:
+    return ", ".join(
+        f"{name} exit {p.exitcode}" for name, p in zip(("source", "reader"), procs, strict=True)
+    )
 
 
 def rates(seconds: list[float], total_bytes: int) -> list[float]:
