@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # load at a fixed rate), so two share two cores well; tests/support/workers.py groups them.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-rollout-pd bench-rollout-soak bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing bench-pd soak clean
+.PHONY: help setup setup-test demo-model serve test lint wheel-check unit chart-snapshots docs-tables images bench-plugin bench-convert bench-load bench-serve bench-rollout-router bench-rollout-pd bench-rollout-soak bench-bad-release bench-bad-release-podman bench-overload bench-lora-mix bench-routing bench-pd bench-nixl soak clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,7 +73,7 @@ images:  ## build the CPU serving, sidecar and router images (+ the GPU image's 
 # Every result file records the command a person ran (docs/benchmarks.md, "How results are
 # recorded"): these targets pass it to the benchmarks unless the caller already set it.
 RESULT_TARGETS := images bench-plugin bench-convert bench-load bench-serve bench-overload soak \
-  bench-rollout-soak bench-rollout-pd bench-pd
+  bench-rollout-soak bench-rollout-pd bench-pd bench-nixl
 $(RESULT_TARGETS): export MINISTREAM_COMMAND ?= $(strip make $(MAKECMDGOALS) $(MAKEOVERRIDES))
 
 # 12 fresh engines, one at a time (4 plugin, 4 Llama, 4 plugin for the A/A), ~70 s each on
@@ -196,6 +196,13 @@ bench-routing: setup-test $(TINY_MODEL)/ministream_manifest.json  ## vLLM's rout
 bench-pd: setup-test $(TINY_MODEL)/ministream_manifest.json  ## P/D (1 prefill + 1 decode) vs 2 colocated tiny replicas behind vLLM's router: TTFT/ITL p50/p99, paired rounds, verdict (~15 min)
 	$(VENV)/bin/python scripts/bench_pd.py --model $(TINY_MODEL) --rounds 6 \
 	  --out $(ART)/bench-serve/pd-cpu.json
+
+# NIXL alone between two processes on this machine (host memory): the chart's CPU transport
+# against UCX's own choice (shared memory and `cma` on one host); the GPU host's run is
+# `scripts/gpu/h200.sh nixl`.
+bench-nixl: setup-test  ## NIXL's KV transport alone: READ GB/s per UCX_TLS between two fresh processes, host memory (~1 min)
+	$(VENV)/bin/python scripts/nixl_transport.py --mem DRAM --tls tcp,self --tls auto \
+	  --instances 3 --out $(ART)/bench-serve/nixl-cpu.json
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -18,6 +18,9 @@ from typing import Any
 from ministream_testkit.helm import CHART, render
 
 PD_VALUES = CHART / "ci" / "pd-values.yaml"
+# The replicas started from these renders run vLLM's CPU build: the chart's UCX_TLS depends on
+# the accelerator (a GPU render's names cuda_copy). A later `--set` wins (a GPU host's file).
+CPU = "accelerator.type=cpu"
 POOL_LABEL = "ministream.io/pool"
 NIXL_ENV_PREFIXES = ("VLLM_NIXL_", "UCX_")
 
@@ -92,7 +95,9 @@ def chart_pd_engine(values: Path = PD_VALUES, pool: str = "decode", *sets: str) 
     """What P/D behind the router adds to the `pool`'s vLLM container: the arguments absent
     from the same release without both (the connector's, and what the router's policy needs,
     e.g. cache_aware's render endpoints), and the NIXL_/UCX_ variables with literal values.
-    `sets`: `helm --set` values of both renders (`disaggregation.kvLoadFailurePolicy=...`)."""
+    `sets`: `helm --set` values of both renders (`disaggregation.kvLoadFailurePolicy=...`),
+    after `accelerator.type=cpu`."""
+    sets = (CPU, *sets)
     on = _vllm_container(render(values_files=[values], set_args=sets), pool)
     off_docs = render(
         values_files=[values],

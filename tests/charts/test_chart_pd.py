@@ -152,7 +152,8 @@ def test_nixl_env_ports_and_policy_agree(pd: Rendered) -> None:
     host = variables["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert host == "status.podIP"
     low, high = (int(x) for x in variables["UCX_TCP_PORT_RANGE"]["value"].split("-"))
-    assert variables["UCX_TLS"]["value"] == "tcp,self"
+    # pd-values.yaml is a GPU release: NIXL's UCX backend needs CUDA memory support there.
+    assert variables["UCX_TLS"]["value"] == "tcp,cuda_copy,self"
 
     (policy,) = [
         p
@@ -233,6 +234,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"disaggregation": {"nixl": {"ucxPortRange": {"start": 41000, "end": 40000}}}},
         "start (41000) must not exceed end (40000)",
     ),
+    "gpu-without-cuda-transport": (
+        {"disaggregation": {"nixl": {"ucxTransports": "tcp,self"}}},
+        "unless cuda_copy (or cuda) is among the transports",
+    ),
     "own-kv-transfer-config": (
         {"vllm": {"extraArgs": ["--kv-transfer-config", "{}"]}},
         "remove --kv-transfer-config from vllm.extraArgs",
@@ -246,6 +251,28 @@ def test_what_cannot_work_is_refused(tmp_path: Path, case: str) -> None:
     with pytest.raises(HelmError) as err:
         render(PD, write(tmp_path, overrides))
     assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "transports", "rendered"),
+    [
+        ("cpu", None, "tcp,self"),
+        ("gpu", None, "tcp,cuda_copy,self"),
+        ("cpu", "tcp,self", "tcp,self"),
+        ("gpu", "cuda_ipc,cuda_copy,tcp,self", "cuda_ipc,cuda_copy,tcp,self"),
+        ("gpu", "", None),  # UCX's own choice: no UCX_TLS at all
+    ],
+)
+def test_ucx_transports_default_by_accelerator(
+    tmp_path: Path, accelerator: str, transports: str | None, rendered: str | None
+) -> None:
+    """Null ucxTransports takes the accelerator's default; a value is kept as given."""
+    nixl = {"ucxTransports": transports}
+    values = {"accelerator": {"type": accelerator}, "disaggregation": {"nixl": nixl}}
+    release = render(PD, write(tmp_path, values))
+    for pool in POOLS:
+        variables = env(vllm(release.workload(pool)["spec"]["template"]))
+        assert variables.get("UCX_TLS", {}).get("value") == rendered, (pool, variables)
 
 
 def test_schema_refuses_an_unknown_connector(tmp_path: Path) -> None:

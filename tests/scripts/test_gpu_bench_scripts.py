@@ -312,8 +312,10 @@ def test_chart_args_refused_value_says_why_and_keeps_the_file(tmp_path: Path) ->
     assert out.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [out]
 
 
-# The P/D arguments with UCX's GPU transports as well (the documented ucxTransports opt-in).
-CUDA_IPC = ("--set", r"disaggregation.nixl.ucxTransports=cuda_ipc\,cuda_copy\,tcp\,self")
+# The GPU host's P/D arguments: the chart's for GPUs (the replicas here render for the CPU
+# build), and with UCX's CUDA IPC transport as well (the documented ucxTransports opt-in).
+GPU = ("--set", "accelerator.type=gpu")
+CUDA_IPC = (*GPU, "--set", r"disaggregation.nixl.ucxTransports=cuda_ipc\,cuda_copy\,tcp\,self")
 
 
 @pytest.mark.parametrize(
@@ -326,7 +328,7 @@ CUDA_IPC = ("--set", r"disaggregation.nixl.ucxTransports=cuda_ipc\,cuda_copy\,tc
             "chart-pd.json",
             ("pd",),
             "--vllm-pd-disaggregation",
-            (),
+            GPU,
         ),
         (
             "bench_pd.py",

@@ -42,19 +42,34 @@ fetches the prefill replica's NIXL metadata here before its first transfer.
 {{- end -}}
 
 {{/*
+UCX_TLS: disaggregation.nixl.ucxTransports, or when null the accelerator's default: NIXL's UCX
+backend refuses to start where NVIDIA GPUs are present unless CUDA memory support is among
+the transports (`cuda_copy`, or `cuda` for all of UCX's CUDA transports). Empty: UCX's choice.
+*/}}
+{{- define "ministream.ucxTransports" -}}
+{{- $t := .Values.disaggregation.nixl.ucxTransports -}}
+{{- if kindIs "invalid" $t -}}
+{{- ternary "tcp,self" "tcp,cuda_copy,self" (eq .Values.accelerator.type "cpu") -}}
+{{- else -}}
+{{- $t -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The engine's NIXL environment. The side channel advertises the pod's IP (vLLM's default,
 localhost, reaches only the pod itself). UCX: the transports (UCX_TLS) and the TCP port range
 its data connections listen on (UCX_TCP_PORT_RANGE; UCX's default is any ephemeral port).
 */}}
 {{- define "ministream.nixlEnv" -}}
 {{- $n := .Values.disaggregation.nixl -}}
+{{- $tls := include "ministream.ucxTransports" . -}}
 - name: VLLM_NIXL_SIDE_CHANNEL_HOST
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
 - name: VLLM_NIXL_SIDE_CHANNEL_PORT
   value: {{ include "ministream.nixlSideChannelPort" . | quote }}
-{{- with $n.ucxTransports }}
+{{- with $tls }}
 - name: UCX_TLS
   value: {{ . | quote }}
 {{- end }}
@@ -81,6 +96,10 @@ its data connections listen on (UCX_TCP_PORT_RANGE; UCX's default is any ephemer
 {{- $ucx := $v.disaggregation.nixl.ucxPortRange -}}
 {{- if gt (int $ucx.start) (int $ucx.end) -}}
 {{- fail (printf "disaggregation.nixl.ucxPortRange: start (%d) must not exceed end (%d)" (int $ucx.start) (int $ucx.end)) -}}
+{{- end -}}
+{{- $tls := include "ministream.ucxTransports" . -}}
+{{- if and $tls (eq $v.accelerator.type "gpu") (not (has "cuda_copy" (splitList "," $tls))) (not (has "cuda" (splitList "," $tls))) -}}
+{{- fail (printf "disaggregation.nixl.ucxTransports=%q on GPUs: NIXL's UCX backend refuses to start where NVIDIA GPUs are present unless cuda_copy (or cuda) is among the transports; add cuda_copy, or leave it null for the GPU default (tcp,cuda_copy,self)" $tls) -}}
 {{- end -}}
 {{- if $v.vllm.kvOffload.sizeGiB -}}
 {{- fail "disaggregation.enabled and vllm.kvOffload.sizeGiB: both take vLLM's one KV connector (NixlConnector for P/D, OffloadingConnector for offload)" -}}
