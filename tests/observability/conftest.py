@@ -22,6 +22,7 @@ from ministream_testkit.load import BusyEngine, client, completion
 from ministream_testkit.sidecar_process import SidecarProcess, start_sidecar
 from ministream_testkit.vllm_server import (
     engine_core,
+    idle_server_load,
     metrics_text,
     request_counts,
     server_load,
@@ -98,20 +99,24 @@ def _load(vllm: Any, per_thread: int, concurrency: int) -> int:
     return sum(sent)
 
 
-def _wait_in_flight(url: str, timeout: float = 60) -> None:
-    """Until vLLM's HTTP server holds a request (GET /load, which the drain counts too). Not
-    the engine gauges: under load on two cores they read 0 running for a minute in CI."""
-    wait_until(lambda: server_load(url) > 0, timeout, 0.05, what="a request in flight in vLLM")
+def _wait_in_flight(url: str, idle: int, timeout: float = 60) -> None:
+    """Until vLLM's HTTP server holds a request (GET /load, which the drain counts too) above
+    what it read when idle (`idle`: vLLM's counter can sit below 0 for good, see
+    `idle_server_load`). Not the engine gauges: under load on two cores they read 0 running
+    for a minute in CI."""
+    wait_until(
+        lambda: server_load(url) > idle, timeout, 0.05, what=f"GET /load above its idle {idle}"
+    )
 
 
-def _stopped_while_busy(vllm: Any) -> Any:
+def _stopped_while_busy(vllm: Any, idle: int) -> Any:
     """The engine core, stopped (SIGSTOP) while the load keeps sending: no request can finish
-    until it is resumed, so GET /load stays above 0 (checked after the stop)."""
+    until it is resumed, so GET /load stays above its idle reading (checked after the stop)."""
     core = engine_core(vllm)
-    _wait_in_flight(vllm.url)
+    _wait_in_flight(vllm.url, idle)
     core.suspend()
     try:
-        _wait_in_flight(vllm.url)
+        _wait_in_flight(vllm.url, idle)
     except BaseException:
         core.resume()
         raise
@@ -159,8 +164,9 @@ def live(
     # HTTP server holds them: every poll of the drain sees a request in flight (GET /load) and
     # it times out by construction. (Under load alone, two of the drain's polls could both read
     # 0 on two cores: CI runs ended "idle".)
+    idle = idle_server_load(vllm_server.url)
     with BusyEngine(vllm_server, threads=4, stream=False):
-        core = _stopped_while_busy(vllm_server)
+        core = _stopped_while_busy(vllm_server, idle)
         try:
             r = sidecar_process.post("/drain", params={"timeout_seconds": 0.5})
         finally:

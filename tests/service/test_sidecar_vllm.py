@@ -18,7 +18,7 @@ import pytest
 from sidecarkit import FAST_WARMUP, SidecarFactory, sample
 
 from ministream_sidecar.engine_client import parse_request_counts
-from ministream_testkit.vllm_server import server_load
+from ministream_testkit.vllm_server import idle_server_load, server_load
 from ministream_testkit.waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
@@ -179,6 +179,7 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
     wait_until(sidecar.ready, 120, what="ready")
     model = served_model(vllm_server)
     max_tokens = 96
+    idle = idle_server_load(vllm_server.url)
 
     async def scenario() -> dict[str, Any]:
         streams: list[Stream] = []
@@ -210,8 +211,9 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
             async def in_flight() -> int:
                 # vLLM's HTTP server's own count (GET /load), which the drain also waits for.
                 # Not the engine gauges: under four streams on two cores, reading /metrics took
-                # seconds and read 0 running for a whole minute once (a CI run).
-                return await asyncio.to_thread(server_load, vllm_server.url)
+                # seconds and read 0 running for a whole minute once (a CI run). Counted
+                # from its idle reading (idle_server_load: not always 0).
+                return await asyncio.to_thread(server_load, vllm_server.url) - idle
 
             async def unready() -> httpx.Response | None:
                 response = await side.get("/readyz")
@@ -260,7 +262,7 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
     assert out["drain"].status_code == 200
     body = out["drain"].json()
     assert body["outcome"] == "idle", body
-    assert (body["running"], body["waiting"], body["in_flight"]) == (0, 0, 0), body
+    assert (body["running"], body["waiting"], body["in_flight"]) == (0, 0, idle), body
     # The drain's own clock runs inside the client's send-to-return span. No lower bound from
     # the streams' ends: vLLM can finish them while this process lags, so the drain may
     # rightly find it idle at its first poll (it did, in 2 of 6 runs).
