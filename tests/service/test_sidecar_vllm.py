@@ -18,7 +18,7 @@ import pytest
 from sidecarkit import FAST_WARMUP, SidecarFactory, sample
 
 from ministream_sidecar.engine_client import parse_request_counts
-from ministream_testkit.vllm_server import idle_server_load, server_load
+from ministream_testkit.vllm_server import idle_server_load
 from ministream_testkit.waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
@@ -197,10 +197,13 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
             httpx.AsyncClient(base_url=vllm_server.url, timeout=300) as vllm,
             httpx.AsyncClient(base_url=sidecar.url, timeout=300) as side,
         ):
+            under_way = [0]  # streams this client has sent and not yet read to the end
 
             async def worker() -> None:
                 while routed.is_set():
+                    under_way[0] += 1
                     streams.append(await stream_completion(vllm, model, max_tokens))
+                    under_way[0] -= 1
 
             watcher = asyncio.create_task(watch_lag())
             workers = [asyncio.create_task(worker()) for _ in range(4)]
@@ -209,11 +212,13 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
                 return len(streams) >= 4
 
             async def in_flight() -> int:
-                # vLLM's HTTP server's own count (GET /load), which the drain also waits for.
-                # Not the engine gauges: under four streams on two cores, reading /metrics took
-                # seconds and read 0 running for a whole minute once (a CI run). Counted
-                # from its idle reading (idle_server_load: not always 0).
-                return await asyncio.to_thread(server_load, vllm_server.url) - idle
+                # This client's own count. Not the engine gauges: under four streams on two
+                # cores, reading /metrics took seconds and read 0 running for a whole minute
+                # once (a CI run). Not vLLM's GET /load either: in two fresh-clone CI runs it
+                # stayed at or below its idle reading through a minute of four streams
+                # (docs/sidecar.md, what the drain counts). The streams' own times below
+                # show whether one was in flight when the drain started.
+                return under_way[0]
 
             async def unready() -> httpx.Response | None:
                 response = await side.get("/readyz")
@@ -262,7 +267,8 @@ def test_drain_during_streaming_load(sidecar_for_vllm: SidecarFactory, vllm_serv
     assert out["drain"].status_code == 200
     body = out["drain"].json()
     assert body["outcome"] == "idle", body
-    assert (body["running"], body["waiting"], body["in_flight"]) == (0, 0, idle), body
+    # vLLM's /load at the end: its idle reading, or below it where it drifted meanwhile.
+    assert (body["running"], body["waiting"]) == (0, 0) and body["in_flight"] <= idle, body
     # The drain's own clock runs inside the client's send-to-return span. No lower bound from
     # the streams' ends: vLLM can finish them while this process lags, so the drain may
     # rightly find it idle at its first poll (it did, in 2 of 6 runs).
