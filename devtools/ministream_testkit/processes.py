@@ -68,7 +68,9 @@ def _alive(pid: int) -> bool:
 
 
 def where_it_waits(pid: int) -> str:
-    """A process's name, pending signals, and each thread's state and kernel wait channel."""
+    """A process's name, pending signals, and each thread's state and kernel wait channel;
+    for a thread running or in uninterruptible sleep, the top of its kernel stack too (root
+    only), which shows a process stuck in the kernel, e.g. tearing down its memory on exit."""
     proc = Path(f"/proc/{pid}")
     with contextlib.suppress(OSError):
         status = dict(
@@ -78,12 +80,40 @@ def where_it_waits(pid: int) -> str:
         for task in sorted(proc.joinpath("task").iterdir(), key=lambda t: int(t.name)):
             with contextlib.suppress(OSError):
                 state = _state(task.joinpath("stat"))
-                threads.append(f"{task.name}:{state}:{task.joinpath('wchan').read_text()}")
+                where = f"{task.name}:{state}:{task.joinpath('wchan').read_text()}"
+                if state in ("R", "D"):
+                    where += _kernel_stack(task)
+                threads.append(where)
         return (
             f"{pid} {status['Name'].strip()} (pending {status['ShdPnd'].strip()}, "
             f"threads {', '.join(threads)})"
         )
     return f"{pid} (gone while read)"
+
+
+def _kernel_stack(task: Path, frames: int = 4) -> str:
+    """The innermost kernel frames of a thread as " [f1 < f2 < ...]"; "" where unreadable."""
+    try:
+        lines = task.joinpath("stack").read_text().splitlines()
+    except OSError:
+        return ""
+    names = [line.split("] ", 1)[-1].split("+", 1)[0] for line in lines[:frames]]
+    return f" [{' < '.join(names)}]" if names else ""
+
+
+def pid_namespace_members(pid: int) -> list[int]:
+    """The processes in `pid`'s PID namespace (a container's, given its init's host PID)."""
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "pid") == namespace:
+                    members.append(int(entry.name))
+    return sorted(members)
 
 
 def stop_process(

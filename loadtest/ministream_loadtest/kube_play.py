@@ -55,6 +55,8 @@ from typing import Any
 
 import yaml
 
+from ministream_testkit.processes import pid_namespace_members, where_it_waits
+
 PODMAN_HINT = "podman is not installed: run scripts/install_oci.sh"
 _MEMORY_ROOT = Path("/dev/shm")
 _SUPPORTED_FIELD_REFS = {"metadata.name", "metadata.uid"}
@@ -226,6 +228,16 @@ def podman(*args: str, check: bool = True, timeout: float = 300.0) -> str:
     return proc.stdout
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """How a container stopped: its exit code, whether the grace period ran out (SIGKILL),
+    and where its processes were at that moment (`where_it_waits`, one line each)."""
+
+    code: int
+    killed: bool
+    lingering: list[str] = field(default_factory=list)
+
+
 @dataclass
 class PlayedPod:
     """A pod started by `podman kube play`; its containers are `<pod>-<container>`."""
@@ -299,30 +311,46 @@ class PlayedPod:
             timeout=timeout,
         )
 
-    def stop(self, container: str, grace: float) -> tuple[int, bool]:
-        """SIGTERM, then SIGKILL after `grace` s (`podman stop -t`): (exit code, SIGKILLed)."""
+    def stop(self, container: str, grace: float) -> Stopped:
+        """SIGTERM, then SIGKILL after `grace` s (`podman stop -t`, which also keeps the pod's
+        restart policy from starting it again). A second before the SIGKILL is due, a
+        container still running has its processes described (each thread's state, wait
+        channel and kernel stack): a stop that outlives its grace period says where it was."""
+        cid = self.container_id(container)
+        init = int(podman("inspect", "--format", "{{.State.Pid}}", cid).strip())
+        seconds = max(0, int(grace))
         began = time.monotonic()
-        podman(
-            "stop",
-            "-t",
-            str(max(0, int(grace))),
-            self.container_id(container),
-            timeout=grace + 60,
+        stopping = subprocess.Popen(
+            [find_podman(), "stop", "-t", str(seconds), cid],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+        lingering: list[str] = []
+        try:
+            stopping.wait(timeout=max(0, seconds - 1))
+        except subprocess.TimeoutExpired:
+            lingering = [where_it_waits(pid) for pid in pid_namespace_members(init)]
+            stopping.wait(timeout=60)
         _, code = self.state(container)
         # 137 = 128 + SIGKILL: the grace period ran out (podman also logs it).
-        return code, code == 137 and time.monotonic() - began >= int(grace)
+        killed = code == 137 and time.monotonic() - began >= seconds
+        return Stopped(code, killed, lingering if killed else [])
+
+    def logs(self, container: str) -> str:
+        """The container's output so far, stdout then stderr (`podman logs`)."""
+        proc = subprocess.run(
+            [find_podman(), "logs", self.container_id(container)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return proc.stdout + proc.stderr
 
     def save_logs(self, log_dir: Path, prefix: str | None = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         for container in self.manifest.pod["spec"]["containers"]:
-            cid = self.container_id(container["name"])
-            proc = subprocess.run(
-                [find_podman(), "logs", cid], capture_output=True, text=True, timeout=60
-            )
-            (log_dir / f"{prefix or self.name}-{container['name']}.log").write_text(
-                proc.stdout + proc.stderr
-            )
+            name = container["name"]
+            (log_dir / f"{prefix or self.name}-{name}.log").write_text(self.logs(name))
 
     def remove(self) -> None:
         podman("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=120)

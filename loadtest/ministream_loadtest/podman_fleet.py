@@ -240,7 +240,8 @@ class PodmanPod(Pod):
 
     def _stop_vllm(self, grace: float) -> tuple[int | None, bool]:
         assert self.played is not None
-        return self.played.stop("vllm", grace)
+        stopped = self.played.stop("vllm", grace)
+        return stopped.code, stopped.killed
 
     def _stop_sidecar(self) -> None:
         assert self.played is not None

@@ -299,6 +299,15 @@ def test_prestop_drains_the_pod(chart_pod: ChartPodRun) -> None:
     probe = chart_pod.probe
     status, body = _http(chart_pod.url(probe["port"], probe["path"]))
     assert status == 503 and "draining" in json.loads(body)["reasons"]
-    code, killed = chart_pod.pod.stop("vllm", grace=grace - hook_seconds)
-    print(f"vLLM exit code {code} after SIGTERM")
-    assert not killed and code != 137
+    stopped = chart_pod.pod.stop("vllm", grace=grace - hook_seconds)
+    print(f"vLLM exit code {stopped.code} after SIGTERM")
+    shutdown = [
+        line for line in chart_pod.pod.logs("vllm").splitlines() if "shutdown" in line.lower()
+    ]
+    assert not stopped.killed and stopped.code == 0, (
+        f"vLLM's stop outlived the grace period ({grace - hook_seconds:.0f} s left after the "
+        "hook); where its processes were at the SIGKILL:\n"
+        + "\n".join(stopped.lingering)
+        + "\nits shutdown log:\n"
+        + "\n".join(shutdown[-20:])
+    )
