@@ -451,8 +451,9 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # (4-8k tokens in, 128-256 out) with short chat turns. The chart's arguments come from
     # scripts/gpu/chart-pd.json (no helm here); vLLM 0.25.1 lacks --enable-scale-out. NIXL
     # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transports are the chart's
-    # (tcp,self), or with PD_CHART=scripts/gpu/chart-pd-cuda-ipc.json its documented GPU opt-in
-    # (cuda_ipc,cuda_copy,tcp,self). vLLM's own capture sizes on every replica.
+    # GPU default (tcp,cuda_copy,self), or with PD_CHART=scripts/gpu/chart-pd-cuda-ipc.json its
+    # documented GPU opt-in (cuda_ipc,cuda_copy,tcp,self). vLLM's own capture sizes on every
+    # replica.
     router_wheels
     echo "== pd ($(date +%T))"
     mix=(--long 16 --chat 48 --long-in 4096:8192 --long-out 128:256 --chat-in 64:256 --chat-out 32:128)
@@ -468,7 +469,7 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     gpu_leftovers ;;
   nixl)
     # NIXL's KV transport alone (scripts/nixl_transport.py): a process READs another's
-    # registered buffer in 64 KiB blocks, per UCX_TLS: the chart's default (tcp,self), TCP
+    # registered buffer in 64 KiB blocks, per UCX_TLS: the chart's CPU default (tcp,self), TCP
     # with CUDA staging (tcp,cuda_copy,self), its documented GPU opt-in
     # (cuda_ipc,cuda_copy,tcp,self) and UCX's own choice, in GPU memory; then host memory. Needs only the host's torch and NIXL:
     # carry .whl-pd/ (no vLLM pack, any machine). NIXL_MIB (512), NIXL_ROUNDS (5),
