@@ -448,7 +448,7 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # behind vLLM's router in P/D mode vs two colocated ones behind it in its default mode,
     # all four on the one GPU, each PD_KV_GIB (8) GiB of KV cache (--kv-cache-memory-bytes:
     # no memory profiling among processes sharing the GPU); a long-prompt mix
-    # (4-8k tokens in, 128-256 out) with short chat turns. The chart's arguments come from
+    # (2-3.5k tokens in, 128-256 out: gpu-1b holds 4096 positions) with short chat turns. The chart's arguments come from
     # scripts/gpu/chart-pd.json (no helm here); vLLM 0.25.1 lacks --enable-scale-out. NIXL
     # (nixl-cu13 and its dependencies) is carried as .whl-pd/. UCX's transports are the chart's
     # GPU default (tcp,cuda_copy,self), or with PD_CHART=scripts/gpu/chart-pd-cuda-ipc.json its
@@ -456,8 +456,8 @@ print(a[a.index("--kv-cache-memory-bytes") + 1])' scripts/gpu/chart-defaults-h20
     # replica.
     router_wheels
     echo "== pd ($(date +%T))"
-    mix=(--long 16 --chat 48 --long-in 4096:8192 --long-out 128:256 --chat-in 64:256 --chat-out 32:128)
-    engine=(--dtype=bfloat16 --max-model-len=8704 --gpu-memory-utilization=0.2
+    mix=(--long 16 --chat 48 --long-in 2048:3584 --long-out 128:256 --chat-in 64:256 --chat-out 32:128)
+    engine=(--dtype=bfloat16 --max-model-len=4096 --gpu-memory-utilization=0.2
       "--kv-cache-memory-bytes=$(( ${PD_KV_GIB:-8} << 30 ))")
     # shellcheck disable=SC2086  # PD_ARGS is a list of flags
     timeout -s INT -k 30 "${PD_LIMIT:-540}" python3 scripts/bench_pd.py --model $M/gpu-1b \
