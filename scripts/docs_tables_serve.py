@@ -96,13 +96,24 @@ def routing_h200(root: Path) -> Lines:
 # ---------------------------------------------------------------- P/D disaggregation
 
 PD_CPU = f"{SERVE}/pd-cpu.json"
+# `scripts/gpu/h200.sh pd` on an H100 (the script wrote it as pd-h200.json; calls.txt there).
+PD_H100 = "docs/results/h100/run1/pd-h100.json"
+
+
+def _bench_pd(root: Path, raw: str) -> Lines:
+    """bench_pd.py's own table and verdicts, from its result file."""
+    lines: Lines = script("bench_pd").table(load(root, raw)).split("\n")
+    return lines
 
 
 @TABLES.table("pd-cpu", PD_CPU)
 def pd_cpu(root: Path) -> Lines:
-    """bench_pd.py's own table and verdicts, from its result file."""
-    lines: Lines = script("bench_pd").table(load(root, PD_CPU)).split("\n")
-    return lines
+    return _bench_pd(root, PD_CPU)
+
+
+@TABLES.table("pd-h100", PD_H100)
+def pd_h100(root: Path) -> Lines:
+    return _bench_pd(root, PD_H100)
 
 
 # ---------------------------------------------------------------- LoRA
