@@ -200,9 +200,9 @@ bench-pd: setup-test $(TINY_MODEL)/ministream_manifest.json  ## P/D (1 prefill +
 # NIXL alone between two processes on this machine (host memory): the chart's CPU transport
 # against UCX's own choice (shared memory and `cma` on one host); the GPU host's run is
 # `scripts/gpu/h200.sh nixl`.
-bench-nixl: setup-test  ## NIXL's KV transport alone: READ GB/s per UCX_TLS between two fresh processes, host memory (~1 min)
+bench-nixl: setup-test  ## NIXL's KV transport alone: READ GB/s per UCX_TLS between two fresh processes, host memory, and an idle agent's CPU (~2 min)
 	$(VENV)/bin/python scripts/nixl_transport.py --mem DRAM --tls tcp,self --tls auto \
-	  --instances 3 --out $(ART)/bench-serve/nixl-cpu.json
+	  --instances 3 --idle-seconds 10 --out $(ART)/bench-serve/nixl-cpu.json
 
 bench-overload: setup-test $(TINY_MODEL)/ministream_manifest.json  ## one pod at 1x, 2x, 5x its measured capacity, the chart's probes replayed (~10 min)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VENV)/bin/ministream-loadtest overload --model $(TINY_MODEL) \

@@ -16,6 +16,11 @@ order rotating between instances, so the spread shown is over pairs, not only ro
 The question it answers: which path a P/D pair's KV takes with a given `ucxTransports`, at
 what rate (docs/fleet.md, "Which transport"); on the H200, `scripts/gpu/h200.sh nixl`.
 
+`--idle-seconds S` adds what an idle replica's NIXL agent costs: a fresh process creates an
+agent as vLLM's NixlConnector does (`VLLM_AGENT`), registers a buffer, and sits idle for S
+seconds; its CPU time over that span, in cores, with NIXL's progress thread on (what vLLM
+gets) and off, once each per instance (docs/fleet.md, "What NIXL costs an idle pod").
+
     python scripts/nixl_transport.py --mem DRAM --tls tcp,self --tls auto --out OUT.json
     python scripts/nixl_transport.py --table OUT.json
 """
@@ -37,6 +42,10 @@ from typing import Any
 from ministream_testkit.results import write_json
 
 AUTO = "auto"  # leave UCX_TLS unset
+# The agent configuration vLLM 0.32's NixlConnector builds for a UCX-only agent
+# (kv_connector/v1/nixl/base_worker.py: num_threads from kv_connector_extra_config, 4 by
+# default; telemetry on); NIXL's progress thread is on unless asked otherwise.
+VLLM_AGENT = {"num_threads": 4, "capture_telemetry": True}
 # A byte pattern no all-zero or stale buffer matches (and not a multiple of a block size).
 PATTERN_MOD = 251
 
@@ -76,6 +85,34 @@ def _agent(name: str, s: Setting) -> Any:
     from nixl._api import nixl_agent, nixl_agent_config
 
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+
+
+def idle(s: Setting, progress_thread: bool, seconds: float, conn: Connection) -> None:
+    """An agent configured as vLLM's, its buffer registered, left idle: the cores its
+    process spends over `seconds` (CPU time over wall time)."""
+    os.environ.update(s.env())
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent("idle", nixl_agent_config(enable_prog_thread=progress_thread, **VLLM_AGENT))
+    agent.register_memory(_buffer(s, fill=False))
+    time.sleep(1.0)  # past the agent's own start
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    conn.send((time.process_time() - cpu) / (time.monotonic() - wall))
+
+
+def idle_cores(s: Setting, progress_thread: bool, seconds: float, timeout_s: float) -> float | None:
+    """`idle` in a fresh process; None when it died or did not answer."""
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=idle, args=(s, progress_thread, seconds, theirs))
+    proc.start()
+    try:
+        return float(mine.recv()) if _answered(mine, [proc], timeout_s + seconds) else None
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def source(s: Setting, conn: Connection) -> None:
@@ -187,13 +224,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for tls in args.tls
     ]
     pairs: dict[str, list[dict[str, Any]]] = {s.tls: [] for s in settings}
-    for instance in range(args.instances):
+    for instance in range(args.instances if settings else 0):
         k = instance % len(settings)
         for s in settings[k:] + settings[:k]:
             result = one_pair(s, args.timeout)
             pairs[s.tls].append(result)
             print(f"instance {instance} {s.mem} UCX_TLS={s.tls}: {_line(result, s)}", flush=True)
-    return {
+    result = {
         "mem": args.mem,
         "total_bytes": args.total_mib << 20,
         "block_bytes": args.block_kib << 10,
@@ -205,6 +242,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for tls, p in pairs.items()
         },
     }
+    if args.idle_seconds > 0:
+        result["idle"] = measure_idle(args)
+    return result
+
+
+def measure_idle(args: argparse.Namespace) -> dict[str, Any]:
+    """Idle cores per progress-thread setting, one fresh process each per instance, the
+    settings' order alternating; the transport is the first --tls (tcp,self without one)."""
+    tls = args.tls[0] if args.tls else "tcp,self"
+    s = Setting(tls, args.mem, args.total_mib << 20, args.block_kib << 10, args.rounds)
+    cores: dict[str, list[float | None]] = {"on": [], "off": []}
+    for instance in range(args.instances):
+        for name in ("on", "off") if instance % 2 == 0 else ("off", "on"):
+            cores[name].append(idle_cores(s, name == "on", args.idle_seconds, args.timeout))
+            print(f"instance {instance} idle agent, progress thread {name}: {cores[name][-1]}")
+    return {"ucx_tls": tls, "seconds": args.idle_seconds, "agent": VLLM_AGENT, "cores": cores}
 
 
 def _line(result: dict[str, Any], s: Setting) -> str:
@@ -227,14 +280,24 @@ def _versions() -> dict[str, str]:
 
 
 def table(result: dict[str, Any]) -> str:
+    rows = _transfer_rows(result) if result["settings"] else []
+    if idle := result.get("idle"):
+        rows += [""] if rows else []
+        rows.append(
+            f"An idle agent as vLLM's (UCX_TLS={idle['ucx_tls']}), cores over {idle['seconds']} s:"
+        )
+        for name, values in idle["cores"].items():
+            shown = ", ".join("died" if v is None else f"{v:.2f}" for v in values)
+            rows.append(f"- progress thread {name}: {shown}")
+    return "\n".join(rows)
+
+
+def _transfer_rows(result: dict[str, Any]) -> list[str]:
     mib = result["total_bytes"] >> 20
     kib = result["block_bytes"] >> 10
-    head = (
-        f"NIXL READ of {mib} MiB in {kib} KiB blocks, {result['mem']}: GB/s, the median of"
-        " each pair's rounds"
-    )
     rows = [
-        head,
+        f"NIXL READ of {mib} MiB in {kib} KiB blocks, {result['mem']}: GB/s, the median of"
+        " each pair's rounds",
         "| UCX_TLS | pairs | failed | intact | median | range over pairs |",
         "|---|---:|---:|---|---:|---|",
     ]
@@ -245,7 +308,7 @@ def table(result: dict[str, Any]) -> str:
             "–" if s["gbps_range"] is None else f"{s['gbps_range'][0]:.2f}–{s['gbps_range'][1]:.2f}"
         )
         rows.append(f"| `{tls}` | {s['pairs']} | {s['failed']} | {s['intact']} | {med} | {rng} |")
-    return "\n".join(rows)
+    return rows
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -260,6 +323,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="timed transfers per pair")
     p.add_argument("--instances", type=int, default=2, help="fresh process pairs per setting")
     p.add_argument("--timeout", type=float, default=120.0, help="s a pair may take per stage")
+    p.add_argument(
+        "--idle-seconds", type=float, default=0.0, help="also measure an idle agent's CPU (s)"
+    )
     p.add_argument("--out", type=Path)
     return p
 
@@ -269,13 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return 0
-    if not args.out or not args.tls:
-        _parser().error("--out and at least one --tls are needed to measure")
+    if not args.out or not (args.tls or args.idle_seconds > 0):
+        _parser().error("--out and at least one --tls (or --idle-seconds) are needed to measure")
+    args.tls = args.tls or []
     if (args.total_mib << 10) % args.block_kib:
         _parser().error("--total-mib must be a whole number of --block-kib blocks")
     result = write_json(args.out, run(args))
     print(table(result))
     failed = sum(c["summary"]["failed"] for c in result["settings"].values())
+    idle = result.get("idle", {}).get("cores", {})
+    failed += sum(v is None for values in idle.values() for v in values)
     intact = all(c["summary"]["intact"] is not False for c in result["settings"].values())
     return 0 if not failed and intact else 1
 

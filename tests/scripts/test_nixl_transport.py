@@ -28,7 +28,8 @@ def test_every_block_arrives_intact_over_tcp_and_a_bad_setting_is_a_failed_pair(
 ) -> None:
     """The chart's CPU transport moves every byte (the reader checks the pattern); a UCX_TLS
     naming no transport that can reach the other process fails its pair, reported as such,
-    with the script's exit status 1, not a hang."""
+    with the script's exit status 1, not a hang. An idle agent configured as vLLM's spends
+    CPU with NIXL's progress thread on, none to speak of with it off."""
     tools.python_module("nixl", NIXL_HINT)
     out = tmp_path / "nixl.json"
     proc = subprocess.run(
@@ -37,7 +38,7 @@ def test_every_block_arrives_intact_over_tcp_and_a_bad_setting_is_a_failed_pair(
             str(SCRIPTS / "nixl_transport.py"),
             *("--mem", "DRAM", "--tls", "tcp,self", "--tls", "self"),
             *("--total-mib", "4", "--block-kib", "64", "--rounds", "2", "--instances", "1"),
-            *("--timeout", "60", "--out", str(out)),
+            *("--timeout", "60", "--idle-seconds", "2", "--out", str(out)),
         ],
         capture_output=True,
         text=True,
@@ -52,6 +53,9 @@ def test_every_block_arrives_intact_over_tcp_and_a_bad_setting_is_a_failed_pair(
     assert alone["failed"] == 1 and alone["gbps_median"] is None
     assert result["provenance"]["command"]
     assert "| `tcp,self` | 1 | 0 | True |" in proc.stdout
+    [on], [off] = result["idle"]["cores"]["on"], result["idle"]["cores"]["off"]
+    assert result["idle"]["ucx_tls"] == "tcp,self" and on > off >= 0, result["idle"]
+    assert "- progress thread on: " in proc.stdout
 
 
 def test_the_summary_is_over_pairs(transport: ModuleType) -> None:
