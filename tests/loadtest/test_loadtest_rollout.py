@@ -180,8 +180,11 @@ def test_control_replacement_without_drain_fails_requests(paired: dict[str, Any]
     control = report["replacements"][1]
     assert (control["old"], control["new"], control["drain"]) == ("v1-1", "v2-1", False)
     assert control["endpoint_lag_s"] == 6
-    assert report["failed"] > 0
-    assert control["window"]["failed"] == report["failed"]
+    assert control["window"]["failed"] > 0
+    # Every failure falls in the restart window: the control's own, or one sent in the
+    # drained replacement's tail that was still in flight on the control pod at its SIGTERM
+    # (the drained test bounds those; the loop below bounds each by the control pod).
+    assert report["restart_window"]["failed"] == report["failed"]
     # vLLM answers 500 to new requests once it has SIGTERM, while its /health (and so the
     # pod's readiness) stays OK: only the endpoint removal stops them.
     assert "http_500" in report["failures_by_cause"]
