@@ -80,20 +80,18 @@ def _blocks(base: int, s: Setting, device_id: int) -> Any:
     )
 
 
-def _agent(name: str, s: Setting) -> Any:
+def _agent(name: str, s: Setting, **config: Any) -> Any:
+    """A NIXL agent on UCX (`config`: nixl_agent_config's other settings)."""
     os.environ.update(s.env())  # before the agent: UCX reads its configuration then
     from nixl._api import nixl_agent, nixl_agent_config
 
-    return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    return nixl_agent(name, nixl_agent_config(backends=["UCX"], **config))
 
 
 def idle(s: Setting, progress_thread: bool, seconds: float, conn: Connection) -> None:
     """An agent configured as vLLM's, its buffer registered, left idle: the cores its
     process spends over `seconds` (CPU time over wall time)."""
-    os.environ.update(s.env())
-    from nixl._api import nixl_agent, nixl_agent_config
-
-    agent = nixl_agent("idle", nixl_agent_config(enable_prog_thread=progress_thread, **VLLM_AGENT))
+    agent = _agent("idle", s, enable_prog_thread=progress_thread, **VLLM_AGENT)
     agent.register_memory(_buffer(s, fill=False))
     time.sleep(1.0)  # past the agent's own start
     cpu, wall = time.process_time(), time.monotonic()

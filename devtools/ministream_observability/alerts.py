@@ -66,7 +66,8 @@ class AlertParams:
     # Keep it near the chart's progressDeadlineSeconds: the startup budget + 10 min (920 s at
     # the chart's defaults).
     rollout_stall_budget: str = "15m"
-    # Window in which one failed P/D KV transfer fires MiniStreamKVTransfersFailing.
+    # Window in which one failed P/D KV transfer fires MiniStreamKVTransfersFailing, and one
+    # read after the KV's lease expired fires MiniStreamKVReadAfterLeaseExpired.
     kv_transfer_failure_window: str = "10m"
     # How long a configured LoRA adapter may be missing before MiniStreamLoraAdapterNotLoaded.
     lora_not_loaded_for: str = "1m"
@@ -304,11 +305,15 @@ def _saturation_alerts(p: AlertParams) -> tuple[Alert, ...]:
 
 
 def _failure_alerts(p: AlertParams) -> tuple[Alert, ...]:
-    """Requests that fail: P/D KV transfers, and HTTP or engine errors."""
+    """Requests that fail: P/D KV transfers (failed, or read after their lease), and HTTP or
+    engine errors."""
     t, where = ALL_NAMESPACES, _WHERE
     errors = p.error_ratio_threshold
     kv_transfer_failures = agg(
         "sum", _PER_ENGINE, increase(m.NIXL_FAILED, t, p.kv_transfer_failure_window)
+    )
+    late_reads = agg(
+        "sum", _PER_ENGINE, increase(m.NIXL_LATE_READ, t, p.kv_transfer_failure_window)
     )
     return (
         Alert(
@@ -323,6 +328,20 @@ def _failure_alerts(p: AlertParams) -> tuple[Alert, ...]:
             "recomputed on the decode pod (disaggregation.kvLoadFailurePolicy).",
             "Check that the prefill pods run, that the NetworkPolicy admits NIXL's side channel "
             "and UCX's ports between the pools, and the decode pod's log (NIXL handshake).",
+        ),
+        Alert(
+            "MiniStreamKVReadAfterLeaseExpired",
+            _SERVING,
+            f"{late_reads} > 0",
+            "0m",
+            "critical",
+            f"A decode pod read KV that prefill pod {where} had released",
+            f'{where} saw {{{{ printf "%.0f" $value }}}} KV reads complete after it had released '
+            f"the blocks (their lease expired) in the last {p.kv_transfer_failure_window}: the "
+            "decode pod answered from blocks other requests may have reused, with no error to "
+            "the client (vLLM only logs it).",
+            "Find why pulls outlast the lease: KV transfer time on the Serving dashboard, the "
+            "pools' CPU (NIXL's progress thread takes a core of each pod), the transport.",
         ),
         Alert(
             "MiniStreamRequestErrors",

@@ -110,7 +110,7 @@ KV_OFFLOAD_STORE_BYTES = _vllm(
 # Only with prefill/decode disaggregation (disaggregation.enabled): vLLM's NixlConnector
 # (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py). The decode pod, which pulls
 # the KV cache, observes the transfers and their failures; the prefill pod counts the requests
-# whose KV expired before a decode pod fetched it.
+# whose KV expired before a decode pod fetched it, and the reads that completed after that.
 NIXL_XFER_TIME = _vllm(
     "vllm:nixl_xfer_time_seconds", H, "Duration of one NIXL KV-cache transfer (decode side)."
 )
@@ -126,6 +126,12 @@ NIXL_KV_EXPIRED = _vllm(
     "vllm:nixl_num_kv_expired_reqs_total",
     C,
     "Requests whose KV a prefill pod released unfetched when its lease expired.",
+)
+NIXL_LATE_READ = _vllm(
+    "vllm:nixl_num_notifications_after_expiry_total",
+    C,
+    "KV reads a prefill pod saw completed after it had released the blocks (lease expired): "
+    "the decode pod's answer may come from blocks reused by other requests.",
 )
 REQUEST_SUCCESS = _vllm(
     "vllm:request_success_total",
@@ -274,7 +280,9 @@ OFFLOAD_ONLY: frozenset[str] = frozenset(
 # Names only a P/D replica (NixlConnector) exports: tests/pd/test_pd_live.py finds them in the
 # real decode and prefill replicas' scrapes.
 PD_ONLY: frozenset[str] = frozenset(
-    n for m in (NIXL_XFER_TIME, NIXL_BYTES, NIXL_FAILED, NIXL_KV_EXPIRED) for n in m.series_names
+    n
+    for m in (NIXL_XFER_TIME, NIXL_BYTES, NIXL_FAILED, NIXL_KV_EXPIRED, NIXL_LATE_READ)
+    for n in m.series_names
 )
 
 # The router's names: absent from the vLLM live scrape, checked in the router's own.

@@ -301,12 +301,16 @@ def _serving_pd() -> Row:
             ),
             Panel(
                 "KV transfer failures",
-                "Failed transfers per second (decode pods; MiniStreamKVTransfersFailing) and "
-                "requests whose KV a prefill pod released unfetched when its lease expired.",
+                "Failed transfers per second (decode pods; MiniStreamKVTransfersFailing), "
+                "requests whose KV a prefill pod released unfetched when its lease expired, and "
+                "reads of such released KV (prefill pods; MiniStreamKVReadAfterLeaseExpired).",
                 (
                     Target(agg("sum", per_pod, rate(m.NIXL_FAILED, VLLM, W)), "failed {{pod}}"),
                     Target(
                         agg("sum", per_pod, rate(m.NIXL_KV_EXPIRED, VLLM, W)), "expired {{pod}}"
+                    ),
+                    Target(
+                        agg("sum", per_pod, rate(m.NIXL_LATE_READ, VLLM, W)), "read late {{pod}}"
                     ),
                 ),
                 unit="ops",

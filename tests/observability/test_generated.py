@@ -269,6 +269,7 @@ def test_rule_file_is_plain_prometheus_format() -> None:
         "MiniStreamQueueGrowing",
         "MiniStreamPreempting",
         "MiniStreamKVTransfersFailing",
+        "MiniStreamKVReadAfterLeaseExpired",
         "MiniStreamRequestErrors",
         "MiniStreamDrainTimingOut",
         "MiniStreamRolloutStalled",

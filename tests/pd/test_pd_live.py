@@ -8,8 +8,9 @@ over TCP on loopback) before it decodes.
 Checked against the colocated server every engine test shares (`vllm_server`): greedy token
 ids identical and logprobs within float32 noise, plain and streamed; every transfer counted by
 vLLM's own NIXL metrics on the decode replica, none failed; the names the dashboards and the
-KV-transfer alert query are exported. A module of its own: two engines and a router, started
-once and shared by its tests in order.
+KV-transfer alerts query are exported; a read of KV whose lease had expired (made to happen by
+pausing the decode replica) is counted and logged by the prefill replica. A module of its own:
+two engines and a router, started once and shared by its tests in order.
 
 Three tests kill a replica (SIGKILL of its process group, a crashed pod) under a steady
 stream of plain and streamed requests and check what the client sees: every request ends
@@ -343,6 +344,52 @@ def test_the_dashboards_nixl_series_are_exported(fleet: PDFleet) -> None:
             if line and not line.startswith("#"):
                 names.add(line.split("{", 1)[0].split(" ", 1)[0])
     assert names >= catalog.PD_ONLY, sorted(catalog.PD_ONLY - names)
+
+
+def _late_reads(server: VLLMServer) -> tuple[float, float]:
+    """The prefill replica's counts of KV it released unfetched and of reads of such KV."""
+    page = metrics_text(server.url)
+    return (
+        sum_samples(page, catalog.NIXL_KV_EXPIRED.name),
+        sum_samples(page, catalog.NIXL_LATE_READ.name),
+    )
+
+
+def test_a_read_after_the_lease_expired_is_counted_on_the_prefill_replica(
+    fleet: PDFleet,
+) -> None:
+    """What MiniStreamKVReadAfterLeaseExpired queries, made to happen: the decode replica's
+    engine core paused (no pull, no heartbeat) until the prefill replica released a request's
+    KV at the end of its lease (the chart's 30 s); resumed, the decode replica reads the
+    released blocks anyway, and the prefill replica logs and counts that read. It counts it
+    on its next engine step (an idle engine steps for nothing), hence the request after. The
+    answer is not judged: nothing reused the released blocks here."""
+    fleet.router.wait_workers_healthy(DEADLINE)
+    expired, late = _late_reads(fleet.prefill)
+    decode_core = engine_core(fleet.decode)
+    decode_core.suspend()
+    try:
+        ask = Ask(_body(fleet.model, PROMPTS[0]))
+        held = Stream(fleet.router.url, (ask,), DEADLINE, once=True).start()
+        wait_until(
+            lambda: _late_reads(fleet.prefill)[0] > expired,
+            DEADLINE,
+            0.5,
+            what="the prefill replica releasing the held request's KV at the end of its lease",
+        )
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            decode_core.resume()
+    (outcome,) = held.join(DEADLINE)
+    assert outcome.seen is Seen.COMPLETED, outcome
+
+    def counted() -> bool:
+        _complete(fleet.router.url, _body(fleet.model, PROMPTS[1]))  # a step on each replica
+        return _late_reads(fleet.prefill)[1] > late
+
+    wait_until(counted, DEADLINE, 0.5, what="the prefill replica counting the late read")
+    assert _late_reads(fleet.prefill)[1] == late + 1
+    assert LATE_READ in fleet.prefill.log_path.read_text(errors="replace")
 
 
 # --- A replica killed mid-load ---------------------------------------------------------------
