@@ -644,13 +644,14 @@ def cmd_rollout(args: argparse.Namespace, vllm_args: list[str]) -> int:
 
 
 def _pd_summary(pd: dict[str, Any]) -> dict[str, Any]:
-    """The P/D block of the printed summary: the rolled pool and the decode pods' NIXL
-    counts."""
+    """The P/D block of the printed summary: the rolled pool and the NIXL counts (decode
+    pods' transfers and failures, prefill pods' reads after a lease expired)."""
     nixl = pd["nixl"]
     return {
         "rolled_pool": pd["rolled_pool"],
         "nixl_transfers": nixl["transfers"],
         "nixl_failed": nixl["failed"],
+        "nixl_read_late": nixl["read_late"],
     }
 
 

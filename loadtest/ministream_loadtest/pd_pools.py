@@ -13,8 +13,13 @@ Kubernetes discovery finds each pod by its pool's labels in the stand-in API
 
 The decode pods count the KV they pulled (`vllm:nixl_xfer_time_seconds_count`) and the pulls
 that failed (`vllm:nixl_num_failed_transfers_total`, handshake and notification failures
-included). `NixlSampler` reads both from each decode pod while it runs, so a pod that has
-exited is reported with its last reading.
+included). The prefill pods count the requests whose KV they released unfetched when its lease
+expired (`vllm:nixl_num_kv_expired_reqs_total`) and the reads of such released KV
+(`vllm:nixl_num_notifications_after_expiry_total`): a request a decode pod answered from
+blocks that may have been reused, with a 200, so the load counts it as succeeded. A prefill pod
+counts a late read on its next engine step, so one that exits right after may never count it.
+`NixlSampler` reads each pod's counters while it runs, so a pod that has exited is reported with
+its last reading.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 import httpx
 
@@ -36,6 +41,13 @@ FIXED_POOL_REPLICAS = 1
 # this one may not import; test_pd_rollout_units.py holds the two equal).
 NIXL_TRANSFERS = "vllm:nixl_xfer_time_seconds_count"
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
+NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
+NIXL_READ_LATE = "vllm:nixl_num_notifications_after_expiry_total"
+# What the report counts of each pool's pods, by key.
+NIXL_COUNTED: dict[PDPool, dict[str, str]] = {
+    "decode": {"transfers": NIXL_TRANSFERS, "failed": NIXL_FAILED},
+    "prefill": {"expired": NIXL_EXPIRED, "read_late": NIXL_READ_LATE},
+}
 REQUEST_SUCCESS = "vllm:request_success_total"
 _SAMPLE_INTERVAL_S = 1.0
 
@@ -79,7 +91,7 @@ def pool_slots(rolled: PDPool, rolling_slots: int) -> PoolSlots:
 
 
 class PoolPod(Protocol):
-    """What `running_decode_pods` reads of a fleet pod (fleet.Pod)."""
+    """What `running_pd_pods` reads of a fleet pod (fleet.Pod)."""
 
     name: str
 
@@ -93,41 +105,52 @@ class PoolPod(Protocol):
     def exited(self) -> bool: ...
 
 
-def running_decode_pods(pods: Iterable[PoolPod]) -> list[tuple[str, str]]:
-    """(name, API URL) of the decode pods not yet exited: what `NixlSampler` reads. An exited
-    pod's address can already serve its replacement (same slot), whose counters are not its."""
-    return [(p.name, p.api_url) for p in pods if p.pool == "decode" and not p.exited]
+def running_pd_pods(pods: Iterable[PoolPod]) -> list[tuple[str, str, PDPool]]:
+    """(name, API URL, pool) of the pods of either pool not yet exited: what `NixlSampler`
+    reads. An exited pod's address can already serve its replacement (same slot), whose
+    counters are not its."""
+    return [
+        (p.name, p.api_url, cast(PDPool, p.pool))
+        for p in pods
+        if p.pool in PD_POOLS and not p.exited
+    ]
 
 
-def nixl_counts(metrics_text: str) -> dict[str, float]:
-    """A decode pod's NIXL counters from its /metrics: transfers (KV pulls done) and failed."""
-    return {
-        "transfers": sum_samples(metrics_text, NIXL_TRANSFERS),
-        "failed": sum_samples(metrics_text, NIXL_FAILED),
-    }
+def nixl_counts(metrics_text: str, pool: PDPool) -> dict[str, float]:
+    """A pod's NIXL counters from its /metrics, those its pool keeps (`NIXL_COUNTED`)."""
+    return {key: sum_samples(metrics_text, name) for key, name in NIXL_COUNTED[pool].items()}
 
 
 def nixl_report(
-    baseline: Mapping[str, Mapping[str, float]], last: Mapping[str, Mapping[str, float]]
+    baseline: Mapping[str, Mapping[str, float]],
+    last: Mapping[str, Mapping[str, float]],
+    pools: Mapping[str, PDPool],
 ) -> dict[str, Any]:
-    """What each decode pod's counters gained from `baseline` (before the load; a pod created
-    later counts from 0) to its `last` reading, and the totals."""
-    per_pod = {
+    """What each pod's counters gained from `baseline` (before the load; a pod created later
+    counts from 0) to its `last` reading, per pool, and the totals."""
+    gained = {
         pod: {k: int(v - baseline.get(pod, {}).get(k, 0.0)) for k, v in counts.items()}
         for pod, counts in sorted(last.items())
     }
-    totals = {k: sum(c[k] for c in per_pod.values()) for k in ("transfers", "failed")}
-    return {"metrics": [NIXL_TRANSFERS, NIXL_FAILED], "per_decode_pod": per_pod, **totals}
+    report: dict[str, Any] = {
+        "metrics": {pool: sorted(names.values()) for pool, names in NIXL_COUNTED.items()}
+    }
+    for pool, names in NIXL_COUNTED.items():
+        per_pod = {pod: c for pod, c in gained.items() if pools[pod] == pool}
+        report[f"per_{pool}_pod"] = per_pod
+        report.update({k: sum(c[k] for c in per_pod.values()) for k in names})
+    return report
 
 
 class NixlSampler:
-    """Reads the NIXL counters of every decode pod `pods()` names ((name, API URL) pairs)
-    every second, keeping each pod's last reading: a pod that has exited keeps the one
-    before its exit. `baseline()` freezes the readings the report counts from."""
+    """Reads the NIXL counters of every pod `pods()` names ((name, API URL, pool)) every
+    second, keeping each pod's last reading: a pod that has exited keeps the one before its
+    exit. `baseline()` freezes the readings the report counts from."""
 
-    def __init__(self, pods: Callable[[], Sequence[tuple[str, str]]]) -> None:
+    def __init__(self, pods: Callable[[], Sequence[tuple[str, str, PDPool]]]) -> None:
         self.pods = pods
         self.last: dict[str, dict[str, float]] = {}
+        self.pools: dict[str, PDPool] = {}
         self.start_counts: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -138,12 +161,13 @@ class NixlSampler:
         return self
 
     def sample(self) -> None:
-        for name, url in self.pods():
+        for name, url, pool in self.pods():
             text = scrape(url)
             if text is None:
                 continue  # not up yet, or gone: its last reading stands
             with self._lock:
-                self.last[name] = nixl_counts(text)
+                self.last[name] = nixl_counts(text, pool)
+                self.pools[name] = pool
 
     def baseline(self) -> None:
         self.sample()
@@ -161,7 +185,7 @@ class NixlSampler:
             self._thread.join(10)
         self.sample()
         with self._lock:
-            return nixl_report(self.start_counts, self.last)
+            return nixl_report(self.start_counts, self.last, self.pools)
 
 
 def warm_prompt(tokens: int, seed: int) -> list[int]:
@@ -218,5 +242,5 @@ def paired_count(pool: str | None, metrics_text: str | None) -> float:
     if metrics_text is None:
         return 0.0
     if pool == "decode":
-        return nixl_counts(metrics_text)["transfers"]
+        return sum_samples(metrics_text, NIXL_TRANSFERS)
     return sum_samples(metrics_text, REQUEST_SUCCESS)

@@ -51,7 +51,7 @@ from .pd_pools import (
     paired_count,
     pd_chart_values,
     pool_slots,
-    running_decode_pods,
+    running_pd_pods,
     scrape,
     warm_up,
 )
@@ -329,7 +329,7 @@ class Rollout:
             self.front_url, self.cfg.pod.served_name, self.cfg.input_tokens, warm, 8 * len(running)
         )
         _say(f"P/D fleet warm: {self.warm_up['sent']} requests ({self.warm_up['failed']} failed)")
-        self.nixl = NixlSampler(lambda: running_decode_pods(self.pods))
+        self.nixl = NixlSampler(lambda: running_pd_pods(self.pods))
         self.nixl.baseline()
         self.nixl.start()
 
@@ -447,8 +447,8 @@ class Rollout:
         return build_report(facts)
 
     def _pd_report(self) -> dict[str, Any] | None:
-        """P/D: the rolled pool, each pool's pods, the warm-up and the decode pods' NIXL
-        counts over the load."""
+        """P/D: the rolled pool, each pool's pods, the warm-up and the pods' NIXL counts over
+        the load."""
         if self.cfg.pd_pool is None or self.nixl is None:
             return None
         pools: dict[str, list[str]] = {}

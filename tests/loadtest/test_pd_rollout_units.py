@@ -1,6 +1,6 @@
 """The rollout's prefill/decode mode (`rollout --front router --pd-pool ...`) without an
 engine: each pool's pod as the chart renders it, where each pool's pods run, the local pod's
-NIXL environment on its own loopback address, the decode pods' NIXL counts and the warm-up
+NIXL environment on its own loopback address, each pool's NIXL counts and the warm-up
 through the router. (`--pd-pool`'s command-line checks and the router's pairing of the pools
 are in test_router_front.py, the report's `pool` per pod in test_loadtest_units.py.)"""
 
@@ -22,7 +22,9 @@ from ministream_loadtest.fleet import Pod, PodTemplate, ProcessFleet, loopback_a
 from ministream_loadtest.fronts import front_chart_values
 from ministream_loadtest.pd_pools import (
     FIXED_POOL_REPLICAS,
+    NIXL_EXPIRED,
     NIXL_FAILED,
+    NIXL_READ_LATE,
     NIXL_TRANSFERS,
     PD_POOLS,
     REQUEST_SUCCESS,
@@ -34,7 +36,7 @@ from ministream_loadtest.pd_pools import (
     paired_count,
     pd_chart_values,
     pool_slots,
-    running_decode_pods,
+    running_pd_pods,
     warm_up,
 )
 from ministream_observability import catalog
@@ -135,6 +137,10 @@ METRICS = f"""# TYPE vllm:nixl_xfer_time_seconds histogram
 vllm:nixl_xfer_time_seconds_sum{{engine="0",model_name="m"}} 0.3
 # TYPE vllm:nixl_num_failed_transfers counter
 {NIXL_FAILED}{{engine="0",model_name="m"}} 2.0
+# TYPE vllm:nixl_num_kv_expired_reqs counter
+{NIXL_EXPIRED}{{engine="0",model_name="m"}} 4.0
+# TYPE vllm:nixl_num_notifications_after_expiry counter
+{NIXL_READ_LATE}{{engine="0",model_name="m"}} 3.0
 # TYPE vllm:request_success counter
 vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} 5.0
 vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} 1.0
@@ -144,26 +150,36 @@ vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} 1
 def test_the_metric_names_are_the_catalogs() -> None:
     assert catalog.NIXL_XFER_TIME.name + "_count" == NIXL_TRANSFERS
     assert catalog.NIXL_FAILED.name == NIXL_FAILED
+    assert catalog.NIXL_KV_EXPIRED.name == NIXL_EXPIRED
+    assert catalog.NIXL_LATE_READ.name == NIXL_READ_LATE
     assert catalog.REQUEST_SUCCESS.name == REQUEST_SUCCESS
 
 
-def test_nixl_counts_and_what_each_decode_pod_gained() -> None:
-    assert nixl_counts(METRICS) == {"transfers": 7.0, "failed": 2.0}
+def test_nixl_counts_and_what_each_pod_gained() -> None:
+    assert nixl_counts(METRICS, "decode") == {"transfers": 7.0, "failed": 2.0}
+    assert nixl_counts(METRICS, "prefill") == {"expired": 4.0, "read_late": 3.0}
     assert paired_count("decode", METRICS) == 7.0  # KV pulls
     assert paired_count("prefill", METRICS) == 6.0  # finished requests
     assert paired_count("decode", None) == 0.0
     report = nixl_report(
-        {"decode-v1-0": {"transfers": 3.0, "failed": 1.0}},
+        {
+            "decode-v1-0": {"transfers": 3.0, "failed": 1.0},
+            "prefill-v1-0": {"expired": 1.0, "read_late": 0.0},
+        },
         {
             "decode-v1-0": {"transfers": 10.0, "failed": 1.0},
             "decode-v2-0": {"transfers": 4.0, "failed": 2.0},  # new: counted from 0
+            "prefill-v1-0": {"expired": 3.0, "read_late": 2.0},
         },
+        {"decode-v1-0": "decode", "decode-v2-0": "decode", "prefill-v1-0": "prefill"},
     )
     assert report["per_decode_pod"] == {
         "decode-v1-0": {"transfers": 7, "failed": 0},
         "decode-v2-0": {"transfers": 4, "failed": 2},
     }
+    assert report["per_prefill_pod"] == {"prefill-v1-0": {"expired": 2, "read_late": 2}}
     assert (report["transfers"], report["failed"]) == (11, 2)
+    assert (report["expired"], report["read_late"]) == (2, 2)
 
 
 @contextlib.contextmanager
@@ -213,7 +229,7 @@ def test_a_replacement_on_the_same_address_is_not_counted_as_the_pod_it_replaced
     url, count = decode_metrics
     old, new = _FakePod("decode-v1-0", url, "decode"), _FakePod("decode-v2-0", url, "decode")
     pods: list[_FakePod] = [_FakePod("prefill-v1-0", "http://127.0.0.1:9", "prefill"), old]
-    sampler = NixlSampler(lambda: running_decode_pods(pods))
+    sampler = NixlSampler(lambda: running_pd_pods(pods))
     count[0] = 5
     sampler.baseline()
     count[0] = 12
@@ -226,7 +242,11 @@ def test_a_replacement_on_the_same_address_is_not_counted_as_the_pod_it_replaced
         "decode-v1-0": {"transfers": 7, "failed": 0},
         "decode-v2-0": {"transfers": 3, "failed": 0},
     }
-    assert running_decode_pods(pods) == [("decode-v2-0", url)]
+    assert report["per_prefill_pod"] == {}  # never answered: no reading to count
+    assert running_pd_pods(pods) == [
+        ("prefill-v1-0", "http://127.0.0.1:9", "prefill"),
+        ("decode-v2-0", url, "decode"),
+    ]
 
 
 @pytest.fixture
