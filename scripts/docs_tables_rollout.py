@@ -206,9 +206,21 @@ def _nixl(report: dict[str, Any]) -> str:
     return f"{nixl['transfers']} / {nixl['failed']}"
 
 
+def _read_late(report: dict[str, Any]) -> str:
+    nixl = report["pd"]["nixl"]
+    return f"{nixl['expired']} / {nixl['read_late']}"
+
+
 @TABLES.table("rollout-router-pd", *ROUTER_PD)
 def rollout_router_pd(root: Path) -> Lines:
-    return _paired_table(root, ROUTER_PD, {"NIXL transfers / failed (decode pods)": _nixl})
+    return _paired_table(
+        root,
+        ROUTER_PD,
+        {
+            "NIXL transfers / failed (decode pods)": _nixl,
+            "KV expired / read after it (prefill pods)": _read_late,
+        },
+    )
 
 
 # ---------------------------------------------------------------- rolling restarts behind HAProxy
