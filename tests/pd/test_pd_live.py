@@ -471,6 +471,7 @@ class PrefillKill:
     killed_at: float
     decode: dict[str, float]  # the decode replica's counters, after minus before
     prefill_log: Path  # the killed replica's log
+    log_from: int  # its size when the test began: the lines before are earlier tests'
 
     def on_decode(self) -> list[Outcome]:
         """The requests on the decode replica when the prefill replica died: the held ones
@@ -539,6 +540,7 @@ def _ended(streams: list[Stream], decode: VLLMServer, survivors: list[str]) -> l
 def _kill_prefill_mid_load(fleet: PDFleet) -> PrefillKill:
     asks = _asks(fleet.model)
     before = _counts(fleet.decode)
+    log_from = fleet.prefill.log_path.stat().st_size
     with Stream(fleet.router.url, asks, KILL_DEADLINE) as steady:
         wait_until(lambda: steady.completed() >= len(asks), DEADLINE, what="steady answers")
         at_decode, at_prefill, killed_at, survivors = _hold_and_kill_prefill(fleet, asks)
@@ -549,7 +551,7 @@ def _kill_prefill_mid_load(fleet: PDFleet) -> PrefillKill:
     after = _counts(fleet.decode)
     delta = {name: after[name] - before[name] for name in after}
     return PrefillKill(
-        held_prefill, held_decode, outcomes, killed_at, delta, fleet.prefill.log_path
+        held_prefill, held_decode, outcomes, killed_at, delta, fleet.prefill.log_path, log_from
     )
 
 
@@ -563,14 +565,15 @@ class LateRead(Exception):
 
 def _late_read(kill: PrefillKill, reference: Callable[[Ask], list[int]]) -> None:
     """LateRead when an answer differs from the colocated server's and the prefill replica
-    logged a late read; without that line, `_judge` fails the test as it should."""
+    logged a late read during the test; without that line, `_judge` fails the test as it
+    should."""
     outcomes = kill.at_prefill + kill.at_decode + kill.steady
     differ = [o for o in outcomes if o.seen is Seen.COMPLETED and list(o.ids) != reference(o.ask)]
-    logged = [
-        line
-        for line in kill.prefill_log.read_text(errors="replace").splitlines()
-        if LATE_READ in line
-    ]
+    with kill.prefill_log.open("rb") as log:
+        log.seek(kill.log_from)
+        logged = [
+            line for line in log.read().decode(errors="replace").splitlines() if LATE_READ in line
+        ]
     if differ and logged:
         raise LateRead(f"{len(differ)} answers differ: {differ}; the prefill replica: {logged}")
 
