@@ -218,7 +218,7 @@ def rollout_router_pd(root: Path) -> Lines:
         ROUTER_PD,
         {
             "NIXL transfers / failed (decode pods)": _nixl,
-            "KV expired / read after it (prefill pods)": _read_late,
+            "KV expired / notices after it (prefill pods)": _read_late,
         },
     )
 

@@ -335,11 +335,11 @@ def _failure_alerts(p: AlertParams) -> tuple[Alert, ...]:
             f"{late_reads} > 0",
             "0m",
             "critical",
-            f"A decode pod read KV that prefill pod {where} had released",
-            f'{where} saw {{{{ printf "%.0f" $value }}}} KV reads complete after it had released '
-            f"the blocks (their lease expired) in the last {p.kv_transfer_failure_window}: the "
-            "decode pod answered from blocks other requests may have reused, with no error to "
-            "the client (vLLM only logs it).",
+            f"Decode pods used KV that prefill pod {where} had released",
+            f'{where} got {{{{ printf "%.0f" $value }}}} notices from decode pods about KV it had '
+            f"already released (its lease expired) in the last {p.kv_transfer_failure_window}: "
+            "mostly reads that finished late, whose answers may come from blocks other requests "
+            "reused, served with no error (vLLM only logs it).",
             "Find why pulls outlast the lease: KV transfer time on the Serving dashboard, the "
             "pools' CPU (NIXL's progress thread takes a core of each pod), the transport.",
         ),

@@ -130,8 +130,8 @@ NIXL_KV_EXPIRED = _vllm(
 NIXL_LATE_READ = _vllm(
     "vllm:nixl_num_notifications_after_expiry_total",
     C,
-    "KV reads a prefill pod saw completed after it had released the blocks (lease expired): "
-    "the decode pod's answer may come from blocks reused by other requests.",
+    "Notices a prefill pod got from decode pods about KV it had already released (lease "
+    "expired): mostly late reads, whose answers may come from blocks reused by others.",
 )
 REQUEST_SUCCESS = _vllm(
     "vllm:request_success_total",

@@ -14,10 +14,12 @@ Kubernetes discovery finds each pod by its pool's labels in the stand-in API
 The decode pods count the KV they pulled (`vllm:nixl_xfer_time_seconds_count`) and the pulls
 that failed (`vllm:nixl_num_failed_transfers_total`, handshake and notification failures
 included). The prefill pods count the requests whose KV they released unfetched when its lease
-expired (`vllm:nixl_num_kv_expired_reqs_total`) and the reads of such released KV
-(`vllm:nixl_num_notifications_after_expiry_total`): a request a decode pod answered from
-blocks that may have been reused, with a 200, so the load counts it as succeeded. A prefill pod
-counts a late read on its next engine step, so one that exits right after may never count it.
+expired (`vllm:nixl_num_kv_expired_reqs_total`) and the decode pods' notices about such
+released KV (`vllm:nixl_num_notifications_after_expiry_total`, `read_late`): mostly a read that
+finished late, a request a decode pod answered from blocks that may have been reused, with a
+200, so the load counts it as succeeded (the same notice comes for a request the decode pod
+aborted before pulling, or found whole in its own prefix cache). A prefill pod counts a notice
+on its next engine step, so one that exits right after may never count it.
 `NixlSampler` reads each pod's counters while it runs, so a pod that has exited is reported with
 its last reading.
 """
